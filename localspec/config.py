@@ -1,0 +1,187 @@
+"""Configuration: config.yaml defaults, checked strictly, overridable from flags and the UI.
+
+Each section is a dataclass whose fields declare their range and a one-line
+help (see :mod:`localspec.validation`). Loading rejects unknown keys and
+out-of-range values with a message naming the key, so a typo in config.yaml
+never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import ConfigError
+from .generation import MAX_DRAFT_TOKENS
+from .modes import MODES
+from .sampling import SamplingParams
+from .validation import setting, validate
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = PROJECT_ROOT / "config.yaml"
+
+
+class _Section:
+    """Validates its declared fields on construction (and so on every ``replace``)."""
+
+    def __post_init__(self) -> None:
+        validate(self, _SECTION_OF[type(self).__name__])
+
+
+@dataclass(frozen=True)
+class ModelConfig(_Section):
+    target: str = setting("models/SmolLM2-135M-Instruct.F32.gguf", "path of the target (large) GGUF model")
+    draft: str = setting(
+        "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "path of the draft (small) GGUF model, 'ngram' for prompt lookup, or 'none'",
+    )
+    n_ctx: int = setting(4096, "context window in tokens, for both models", 64, 1_048_576)
+    n_batch: int = setting(512, "most tokens per llama_decode call (prompt evaluation)", 1, 65_536)
+    threads: int = setting(0, "CPU threads per model; 0 = all physical cores", 0, 1024)
+    n_gpu_layers: int = setting(-1, "layers offloaded to Metal/CUDA; -1 = all, 0 = none", -1, 100_000)
+    flash_attention: bool = setting(True, "flash attention; makes quantized logits batch-invariant on CPU")
+
+
+@dataclass(frozen=True)
+class SamplingConfig(SamplingParams):
+    """The sampling transform's fields plus the per-reply length and seed."""
+
+    max_tokens: int = setting(512, "most tokens per reply", 1, 1_048_576)
+    seed: int = setting(-1, "random seed; -1 = a fresh one per reply", -1, 2**63 - 1)
+
+    def params(self) -> SamplingParams:
+        names = {f.name for f in fields(SamplingParams)}
+        return SamplingParams(**{k: v for k, v in asdict(self).items() if k in names})
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig(_Section):
+    mode: str = setting("rejection", "how drafts are verified", choices=MODES)
+    draft_tokens: int = setting(4, "draft tokens per step (K); the maximum when adaptive", 0, MAX_DRAFT_TOKENS)
+    adaptive: bool = setting(False, "choose K each step from measured acceptance and costs")
+    min_draft_tokens: int = setting(1, "smallest K adaptive drafting may choose", 0, MAX_DRAFT_TOKENS)
+    ngram_max: int = setting(3, "longest n-gram the prompt-lookup drafter matches", 1, 16)
+
+
+@dataclass(frozen=True)
+class ChatConfig(_Section):
+    system_prompt: str = setting("", "system message for chats; empty = the template's default")
+    chat_template: bool = setting(True, "format prompts with the model's chat template (false = raw text)")
+
+
+@dataclass(frozen=True)
+class UIConfig(_Section):
+    host: str = setting("127.0.0.1", "address the Gradio UI binds to (127.0.0.1 = this machine only)")
+    port: int = setting(7860, "port of the Gradio UI", 1, 65535)
+
+
+@dataclass(frozen=True)
+class TraceConfig(_Section):
+    dir: str = setting("traces", "where traces (JSONL) are saved")
+    top_n: int = setting(10, "top-N of p and q recorded per verified position in the UI and traces", 0, 100)
+
+
+_SECTION_OF = {
+    "ModelConfig": "model",
+    "SamplingConfig": "sampling",
+    "SpeculativeConfig": "speculative",
+    "ChatConfig": "chat",
+    "UIConfig": "ui",
+    "TraceConfig": "trace",
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """All settings. Immutable: :meth:`with_overrides` returns a checked copy."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    chat: ChatConfig = field(default_factory=ChatConfig)
+    ui: UIConfig = field(default_factory=UIConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    source: Path | None = None  # the file this came from; relative paths are relative to it
+
+    def __post_init__(self) -> None:
+        if self.speculative.min_draft_tokens > self.speculative.draft_tokens:
+            raise ConfigError(
+                f"speculative.min_draft_tokens = {self.speculative.min_draft_tokens} exceeds "
+                f"speculative.draft_tokens = {self.speculative.draft_tokens}; lower it or raise draft_tokens"
+            )
+
+    def resolve_path(self, value: str) -> Path:
+        """Model and trace paths are relative to the config file's folder."""
+        path = Path(os.path.expanduser(value))
+        if path.is_absolute():
+            return path
+        base = self.source.parent if self.source is not None else PROJECT_ROOT
+        return base / path
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> "Config":
+        """A checked copy with dotted keys (``sampling.temperature``) replaced; ``None`` values are skipped."""
+        by_section: dict[str, dict[str, Any]] = {}
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            section, _, name = key.partition(".")
+            if section not in _SECTIONS or name not in _field_names(getattr(self, section)):
+                raise ConfigError(f"unknown setting {key!r}{_suggest(key, all_keys())}")
+            by_section.setdefault(section, {})[name] = value
+        return replace(self, **{s: replace(getattr(self, s), **v) for s, v in by_section.items()})
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: asdict(getattr(self, name)) for name in _SECTIONS}
+
+
+_SECTIONS = tuple(_SECTION_OF.values())
+
+
+def _field_names(section: Any) -> set[str]:
+    return {f.name for f in fields(section)}
+
+
+def all_keys() -> list[str]:
+    cfg = Config()
+    return [f"{s}.{f.name}" for s in _SECTIONS for f in fields(getattr(cfg, s))]
+
+
+def _suggest(key: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(key, candidates, n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; known settings: {', '.join(candidates)}"
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """Read and check a config file (default: ``$LOCALSPEC_CONFIG`` or the project's config.yaml)."""
+    path = Path(path) if path is not None else Path(os.environ.get("LOCALSPEC_CONFIG", DEFAULT_CONFIG))
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist; pass --config PATH or restore config.yaml")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path} is not valid YAML{where}; fix the syntax") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must be a mapping of sections ({', '.join(_SECTIONS)})")
+    overrides: dict[str, Any] = {}
+    for section, values in data.items():
+        if section not in _SECTIONS:
+            raise ConfigError(f"{path}: unknown section {section!r}{_suggest(str(section), list(_SECTIONS))}")
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: section {section!r} must be a mapping of keys")
+        for key, value in values.items():
+            if value is None:
+                raise ConfigError(f"{path}: {section}.{key} has no value; give one or delete the line")
+            overrides[f"{section}.{key}"] = value
+    try:
+        return Config(source=path.resolve()).with_overrides(overrides)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None

@@ -1,0 +1,182 @@
+"""Measure, never assume, batch invariance (DESIGN §5) — and report the build it was measured on.
+
+Greedy speculative output equals target-only output only if the target's
+logits for a position are bit-identical whether computed one token at a time
+or inside a verification batch. That depends on the build flags, the
+backend, flash attention and the weight type, so the doctor measures it on
+the configured model and remembers the answer per model file and setting;
+``generate`` warns when greedy or invariant mode runs on a pair found
+non-invariant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .model import LanguageModel
+
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog. Speculative decoding must not change a single bit"
+PROBE_BATCH = 5
+
+
+@dataclass
+class InvarianceReport:
+    """Outcome of comparing batched with one-token-at-a-time logits."""
+
+    model: str
+    identical: bool
+    max_abs_diff: float
+    rows_compared: int
+
+    def line(self) -> str:
+        if self.identical:
+            return f"{self.model}: batched and sequential logits are bit-identical ({self.rows_compared} rows)"
+        return (
+            f"{self.model}: batched and sequential logits DIFFER (max |diff| {self.max_abs_diff:.3g}); "
+            "greedy/invariant output may differ from target-only"
+        )
+
+
+def measure_batch_invariance(model: LanguageModel, prompt: list[int], probe: list[int]) -> InvarianceReport:
+    """Compare logits of ``probe`` decoded one by one and as one batch, after ``prompt``.
+
+    One more token is decoded after each path, so keys/values computed inside
+    the batch are compared too, not only the batch's own output rows.
+    """
+    tokens = list(prompt) + list(probe)
+    extra = probe[0]
+    start = len(prompt)
+    model.truncate(0)
+    model.extend(tokens[:start], 0)
+    sequential = [model.extend([t], 1)[0] for t in probe]
+    sequential.append(model.extend([extra], 1)[0])
+    model.truncate(start)
+    batched = list(model.extend(probe, len(probe)))
+    batched.append(model.extend([extra], 1)[0])
+    model.truncate(0)
+    a, b = np.stack(sequential), np.stack(batched)
+    diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+    return InvarianceReport(getattr(model, "name", "model"), bool(np.array_equal(a, b)), diff, len(a))
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("LOCALSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "localspec")
+    return Path(root)
+
+
+def _key(path: Path, settings: dict, build: str) -> str:
+    stat = path.stat()
+    raw = json.dumps([str(path.resolve()), stat.st_size, int(stat.st_mtime), settings, build], sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def load_cached(path: Path, settings: dict, build: str) -> InvarianceReport | None:
+    """A previous measurement for this exact file, setting and build, if any."""
+    store = cache_dir() / "invariance.json"
+    try:
+        data = json.loads(store.read_text())
+        entry = data.get(_key(path, settings, build))
+        return InvarianceReport(**entry) if entry else None
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def save_cached(path: Path, settings: dict, build: str, report: InvarianceReport) -> None:
+    store = cache_dir() / "invariance.json"
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        data = json.loads(store.read_text()) if store.exists() else {}
+        data[_key(path, settings, build)] = asdict(report)
+        tmp = store.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(store)
+    except (OSError, ValueError):
+        pass  # a cache, not a record: never fail a generation over it
+
+
+def build_stamp() -> dict | None:
+    """What `make install` recorded about the llama-cpp-python wheel it installed."""
+    stamp = Path(sys.prefix) / "localspec-llama-build.json"
+    try:
+        return json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_doctor(config) -> list[str]:
+    """Human-readable report lines: build, backend, memory, the pair, and measured batch invariance."""
+    import psutil
+
+    from . import __version__
+    from .errors import LocalspecError
+
+    lines = [f"localspec {__version__}"]
+    try:
+        from . import llama_backend as backend
+    except LocalspecError as error:
+        return lines + [f"llama.cpp: NOT AVAILABLE — {error}"]
+    info = backend.system_info()
+    lines.append(f"llama-cpp-python {backend.llama_cpp_version()}")
+    lines.append(f"system info: {info}")
+    llamafile = "LLAMAFILE = 1" in info
+    lines.append(
+        "build flags: llamafile sgemm "
+        + ("ON — batched F32/F16 logits are not bit-identical; rebuild with `make install`" if llamafile else "off (GGML_LLAMAFILE=OFF, as intended)")
+    )
+    stamp = build_stamp()
+    if stamp:
+        lines.append(f"installed wheel: {stamp.get('wheel', '?')} built with CMAKE_ARGS={stamp.get('cmake_args', '?')!r}")
+    else:
+        lines.append("installed wheel: no build record (not installed by `make install`)")
+    backend_name = "CUDA" if "CUDA" in info else "Metal" if "METAL" in info.upper() else "CPU"
+    lines.append(f"backend: {backend_name}; GPU offload {'supported' if backend.gpu_offload_supported() else 'not available'}")
+    settings = backend.LlamaSettings(threads=config.model.threads)
+    lines.append(
+        f"threads: {settings.resolved_threads()} (of {os.cpu_count()} logical CPUs); "
+        f"flash attention {'on' if config.model.flash_attention else 'off'}; n_ctx {config.model.n_ctx}"
+    )
+    memory = psutil.virtual_memory()
+    sizes = []
+    for spec in (config.model.target, config.model.draft):
+        if spec.lower() in ("none", "ngram"):
+            continue
+        path = config.resolve_path(spec)
+        if path.exists():
+            sizes.append(path.stat().st_size)
+    need = sum(sizes)
+    verdict = "enough" if memory.available > need * 1.2 else "NOT enough — expect swapping or a failed load"
+    lines.append(f"memory: {memory.available / 2**30:.1f} GiB free of {memory.total / 2**30:.1f} GiB; models need {need / 2**30:.2f} GiB: {verdict}")
+
+    from .engine import Engine
+
+    try:
+        engine = Engine(config)
+    except LocalspecError as error:
+        return lines + [f"pair: {error}"]
+    try:
+        lines.append(f"pair: {engine.pair_name} — compatible")
+        target_settings = {"flash_attention": engine.settings.flash_attention, "threads": engine.target.threads,
+                           "n_gpu_layers": engine.settings.n_gpu_layers}  # fmt: skip
+        probe = engine.target.tokenize(PROBE_TEXT, add_special=True, parse_special=False)
+        report = measure_batch_invariance(engine.target, probe[:-PROBE_BATCH], probe[-PROBE_BATCH:])
+        save_cached(engine.target_path, target_settings, f"{backend.llama_cpp_version()} {info}", report)
+        lines.append("batch invariance (target): " + report.line())
+        if engine.draft_model is not None:
+            draft_report = measure_batch_invariance(engine.draft_model, probe[:-PROBE_BATCH], probe[-PROBE_BATCH:])
+            lines.append("batch invariance (draft, informational): " + draft_report.line())
+        lines.append(
+            "verdict: greedy and invariant modes reproduce target-only output exactly"
+            if report.identical
+            else "verdict: greedy/invariant output may differ from target-only on this build; "
+            "try flash_attention: true, a quantized target, or a GGML_LLAMAFILE=OFF build"
+        )
+    finally:
+        engine.close()
+    return lines

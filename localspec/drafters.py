@@ -1,0 +1,102 @@
+"""Where draft tokens come from: a small model, or the prompt itself.
+
+A drafter only proposes. Exactness is the verifier's job, and it needs one
+fact from the drafter: the distribution each token was drawn from (``q``),
+or the statement that the proposal is deterministic (``q`` one-hot).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .model import LanguageModel, sync_cache
+from .modes import Draft, Mode
+
+
+class Drafter(Protocol):
+    """Proposes up to ``k`` tokens to follow ``context``."""
+
+    name: str
+
+    def prefill(self, context: Sequence[int]) -> None:
+        """Get ready for a request whose prompt is ``context`` (e.g. evaluate it)."""
+
+    def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
+        """Return at most ``k`` tokens (possibly none)."""
+
+
+class ModelDrafter:
+    """Drafts with a small causal LM through the same interface as the target.
+
+    The draft cache holds ``context[:-1]`` plus whatever it evaluated while
+    drafting last time; :func:`sync_cache` keeps the accepted part, drops the
+    rest, and evaluates what is missing — including ``d_K``, the last proposal
+    of a fully accepted step, which the draft never evaluated.
+    """
+
+    def __init__(self, model: LanguageModel, vocab_size: int | None = None) -> None:
+        self.model = model
+        self.name = model.name
+        self.vocab_size = vocab_size or model.vocab_size
+
+    def prefill(self, context: Sequence[int]) -> None:
+        sync_cache(self.model, context[:-1])
+
+    def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
+        draft = Draft(tokens=[], q_rows=[], logits=[])
+        if k <= 0:
+            return draft
+        sync_cache(self.model, context[:-1])
+        logits = self.model.extend([context[-1]], 1)[0]
+        position = len(context)
+        for i in range(k):
+            history = mode.history(context, draft.tokens, i)
+            token, q = mode.pick_draft(logits, history, position + i)
+            draft.tokens.append(token)
+            draft.logits.append(logits)
+            if q is None:
+                draft.q_rows = None
+            elif draft.q_rows is not None:
+                draft.q_rows.append(q)
+            if i + 1 < k:
+                logits = self.model.extend([token], 1)[0]
+        return draft
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the last n tokens and copy what followed.
+
+    Deterministic, so ``q`` is one-hot and rejection mode uses the one-hot
+    rule (accept with ``p(d)``, resample from ``p`` without ``d``): still exact.
+    Costs no model evaluation at all, which pays off when replies quote the
+    prompt (summaries, code edits, extraction).
+    """
+
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def prefill(self, context: Sequence[int]) -> None:
+        return None
+
+    def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
+        draft = Draft(tokens=[], q_rows=None)
+        if k <= 0 or len(context) < 2:
+            return draft
+        tokens = np.asarray(context, dtype=np.int64)
+        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
+            pattern = tokens[-n:]
+            # all windows of length n that end before the last token
+            windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
+            hits = np.flatnonzero((windows == pattern).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                draft.tokens = [int(t) for t in tokens[start : start + k]]
+                return draft
+        return draft

@@ -1,0 +1,176 @@
+"""A loaded target/draft pair, ready to generate: what every front end talks to.
+
+The engine turns config into models (checking the pair before the first
+token), prompts into tokens (the model's own chat template, or raw text), and
+runs the generation loop one request at a time — llama.cpp contexts are not
+thread-safe, so a second caller waits on :attr:`Engine.lock`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator, Sequence
+
+from .chat import ChatTemplate, Message
+from .config import Config
+from .doctor import PROBE_BATCH, PROBE_TEXT, InvarianceReport, load_cached, measure_batch_invariance, save_cached
+from .drafters import Drafter, ModelDrafter, NgramDrafter
+from .errors import ModelError
+from .events import GenerationResult, StepEvent, TokenEvent
+from .generation import GenerationOptions, SpeculativeDecoder
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass
+class PreparedPrompt:
+    """Prompt tokens plus the text they came from (kept for traces)."""
+
+    tokens: list[int]
+    text: str
+
+
+class Engine:
+    """Target model, optional drafter, chat template and the loop."""
+
+    def __init__(self, config: Config, progress: Progress | None = None) -> None:
+        from . import llama_backend as backend  # imported here: config/--help never load llama.cpp
+
+        self.config = config
+        self.backend = backend
+        self.settings = backend.LlamaSettings(
+            n_ctx=config.model.n_ctx,
+            n_batch=config.model.n_batch,
+            threads=config.model.threads,
+            n_gpu_layers=config.model.n_gpu_layers,
+            flash_attention=config.model.flash_attention,
+        )
+        self.lock = threading.Lock()
+        self.target_path = config.resolve_path(config.model.target)
+        self.target = backend.LlamaModel(self.target_path, self.settings, "target", _stage(progress, "target"))
+        self.draft_model = None
+        try:
+            self.drafter = self._make_drafter(config, progress)
+        except Exception:
+            self.target.close()
+            raise
+        self.decoder = SpeculativeDecoder(self.target, self.target, self.drafter)
+        template = self.target.chat_template()
+        self.template = (
+            ChatTemplate(
+                template,
+                self.target.special_text(self.target.bos),
+                self.target.special_text(self.target.eos),
+                self.target.name,
+            )
+            if template
+            else None
+        )
+        self._invariance: InvarianceReport | None = None
+
+    def _make_drafter(self, config: Config, progress: Progress | None) -> Drafter | None:
+        spec = config.model.draft.strip()
+        if spec.lower() == "none":
+            return None
+        if spec.lower() == "ngram":
+            return NgramDrafter(max_ngram=config.speculative.ngram_max)
+        path = config.resolve_path(spec)
+        self.draft_model = self.backend.LlamaModel(path, self.settings, "draft", _stage(progress, "draft"))
+        try:
+            self.backend.check_pair(self.target, self.draft_model)
+        except Exception:
+            self.draft_model.close()
+            self.draft_model = None
+            raise
+        return ModelDrafter(self.draft_model, vocab_size=max(self.target.vocab_size, self.draft_model.vocab_size))
+
+    # ------------------------------------------------------------------
+    @property
+    def pair_name(self) -> str:
+        draft = self.drafter.name if self.drafter is not None else "no draft"
+        return f"{self.target.name} + {draft}"
+
+    def close(self) -> None:
+        with self.lock:
+            if self.draft_model is not None:
+                self.draft_model.close()
+            self.target.close()
+
+    # ------------------------------------------------------------------
+    def encode_chat(self, messages: Sequence[Message]) -> PreparedPrompt:
+        """Render ``messages`` with the model's chat template and tokenize (special tokens parsed)."""
+        if self.template is None:
+            raise ModelError(f"{self.target.name} has no chat template; use --raw (raw text prompts)")
+        text = self.template.render(messages, add_generation_prompt=True)
+        bos_text = self.template.bos_token
+        add_bos = self.target.adds_bos and not (bos_text and text.startswith(bos_text))
+        return PreparedPrompt(self.target.tokenize(text, add_special=add_bos, parse_special=True), text)
+
+    def encode_raw(self, text: str) -> PreparedPrompt:
+        """Raw text prompt: BOS as the model wants it, special-token text left as plain text."""
+        return PreparedPrompt(self.target.tokenize(text, add_special=True, parse_special=False), text)
+
+    def options(self, **overrides) -> GenerationOptions:
+        """Generation options from the config, with keyword overrides (``None`` = keep)."""
+        cfg = self.config
+        values = dict(
+            mode=cfg.speculative.mode,
+            max_tokens=cfg.sampling.max_tokens,
+            draft_tokens=cfg.speculative.draft_tokens,
+            seed=cfg.sampling.seed,
+            detail_top=0,
+        )
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if values["seed"] is None or values["seed"] < 0:
+            values["seed"] = secrets.randbits(63)
+        return GenerationOptions(**values)
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        options: GenerationOptions,
+        params=None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[TokenEvent | StepEvent | GenerationResult]:
+        """Run one request; holds the engine lock for its whole duration."""
+        params = params if params is not None else self.config.sampling.params()
+        with self.lock:
+            yield from self.decoder.stream(prompt, params, options, cancel)
+
+    # ------------------------------------------------------------------
+    def invariance(self, measure: bool = True) -> InvarianceReport | None:
+        """Is the target batch-invariant on this build? Cached per file, setting and build."""
+        if self._invariance is not None:
+            return self._invariance
+        settings = {"flash_attention": self.settings.flash_attention, "threads": self.target.threads,
+                    "n_gpu_layers": self.settings.n_gpu_layers}  # fmt: skip
+        build = f"{self.backend.llama_cpp_version()} {self.backend.system_info()}"
+        report = load_cached(self.target_path, settings, build)
+        if report is None and measure:
+            with self.lock:
+                probe = self.target.tokenize(PROBE_TEXT, add_special=True, parse_special=False)
+                report = measure_batch_invariance(self.target, probe[:-PROBE_BATCH], probe[-PROBE_BATCH:])
+                report = replace(report, model=self.target.name)
+            save_cached(self.target_path, settings, build, report)
+        self._invariance = report
+        return report
+
+    def invariance_warning(self, options: GenerationOptions, params) -> str | None:
+        """One line to show when greedy/invariant output may differ from target-only on this pair."""
+        if options.mode not in ("greedy", "invariant") and not params.greedy:
+            return None
+        report = self.invariance()
+        if report is None or report.identical:
+            return None
+        return (
+            f"warning: {self.target.name} is not batch-invariant on this build (max |diff| "
+            f"{report.max_abs_diff:.3g}); {options.mode} output may differ from target-only — see `localspec doctor`"
+        )
+
+
+def _stage(progress: Progress | None, stage: str) -> Callable[[float], None] | None:
+    if progress is None:
+        return None
+    return lambda value: progress(stage, value)

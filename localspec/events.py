@@ -1,0 +1,177 @@
+"""What the generation loop tells the world: one event per step, one per token, one at the end.
+
+The terminal, the Gradio UI, the JSON output of ``generate`` and the JSONL
+traces all consume these same dataclasses, so a fate shown in one place is the
+fate recorded everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class TokenStatus(str, Enum):
+    """The fate of an emitted token (DESIGN §1)."""
+
+    ACCEPTED = "accepted"  # a draft token the target kept
+    CORRECTED = "corrected"  # drawn by the target after rejecting a draft token
+    BONUS = "bonus"  # the free target token after a fully accepted draft
+    TARGET = "target"  # produced with no draft at all (target-only)
+
+
+@dataclass
+class TopEntry:
+    """One line of a top-N table: token id, its text and probability."""
+
+    token: int
+    text: str
+    prob: float
+
+
+@dataclass
+class PositionRecord:
+    """One verified row of a step: the draft token (if any) and the evidence."""
+
+    position: int  # absolute position in the token sequence
+    draft_token: int | None  # None for the bonus row
+    draft_text: str | None
+    p: float | None
+    q: float | None
+    accept_prob: float | None
+    uniform: float | None
+    outcome: str  # accepted / rejected / bonus / not-reached
+    target_token: int | None = None
+    top_p: list[TopEntry] = field(default_factory=list)
+    top_q: list[TopEntry] = field(default_factory=list)
+
+
+@dataclass
+class TokenEvent:
+    """A token committed to the output."""
+
+    kind = "token"
+    index: int  # 0-based index in the reply
+    position: int  # absolute position in the token sequence
+    step: int
+    token_id: int
+    text: str  # text this token completes (may be "" inside a multi-byte character)
+    status: TokenStatus
+    # For an accepted token: its p, q and the decision. For a corrected token:
+    # the same evidence about the draft token it replaced (``rejected_token``).
+    p: float | None = None
+    q: float | None = None
+    accept_prob: float | None = None
+    uniform: float | None = None
+    rejected_token: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["status"] = self.status.value
+        out["kind"] = self.kind
+        return out
+
+
+@dataclass
+class StepEvent:
+    """One draft-and-verify step."""
+
+    kind = "step"
+    step: int
+    position: int  # absolute position of the first token this step emits
+    k: int  # draft tokens requested this step
+    drafted: list[int]
+    n_accepted: int
+    emitted: list[int]
+    bonus: bool
+    rows: list[PositionRecord]
+    draft_s: float
+    verify_s: float
+    other_s: float
+    residual_mass: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["kind"] = self.kind
+        return out
+
+
+@dataclass
+class GenerationStats:
+    """Counters and timings of one reply."""
+
+    mode: str = ""
+    drafter: str = ""
+    seed: int = 0
+    k: int = 0  # draft tokens per step requested (the bound, when adaptive)
+    n_prompt: int = 0
+    n_prompt_evaluated: int = 0  # prompt tokens the target actually had to evaluate (KV reuse)
+    n_tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    examined: int = 0  # draft tokens the rule looked at (accepted + the one rejected per step)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    wall_s: float = 0.0
+    accepted_by_position: list[int] = field(default_factory=list)
+    drafted_by_position: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance probability estimate (accepted / examined), the alpha of DESIGN §7."""
+        return self.accepted / self.examined if self.examined else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.n_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def decode_s(self) -> float:
+        return self.draft_s + self.verify_s + self.other_s
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.n_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            acceptance_rate=self.acceptance_rate,
+            alpha=self.alpha,
+            tokens_per_step=self.tokens_per_step,
+            tokens_per_second=self.tokens_per_second,
+            decode_s=self.decode_s,
+        )
+        return out
+
+
+@dataclass
+class GenerationResult:
+    """The whole reply, once it has stopped."""
+
+    kind = "result"
+    text: str
+    token_ids: list[int]
+    statuses: list[TokenStatus]
+    stop_reason: str  # eos / max_tokens / stop_string / context_full / cancelled
+    stats: GenerationStats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "statuses": [s.value for s in self.statuses],
+            "stop_reason": self.stop_reason,
+            "stats": self.stats.to_dict(),
+        }
+
+
+Event = TokenEvent | StepEvent | GenerationResult

@@ -1,0 +1,473 @@
+"""llama.cpp through llama-cpp-python's low-level API. The only module that imports llama_cpp.
+
+One :class:`LlamaModel` owns one model and one context (sequence 0). It
+implements the loop's :class:`~localspec.model.LanguageModel` and
+:class:`~localspec.model.Vocabulary` protocols:
+
+* ``extend`` submits tokens with ``llama_decode`` in ``n_batch`` chunks and
+  asks for logits only on the rows the sampler needs — never ``logits_all``,
+  which would store ``n_ctx x n_vocab`` floats and run the output layer on
+  every prompt token.
+* ``truncate`` removes positions with ``llama_memory_seq_rm`` and checks its
+  result: recurrent and hybrid memories cannot drop a suffix, and a silent
+  failure there would leave rejected tokens in the cache (DESIGN §2, bug 4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from .errors import IncompatiblePairError, ModelError, PromptTooLongError
+
+os.environ.setdefault("GGML_LOG_LEVEL", "error")
+
+try:
+    import llama_cpp.llama_cpp as C  # noqa: N812 - the C API, named as in llama.cpp's docs
+except ImportError as _error:  # pragma: no cover - exercised only on a broken install
+    raise ModelError(
+        f"llama-cpp-python is not importable ({_error}); run `make install` to build it"
+    ) from None
+
+GGUF_MAGIC = b"GGUF"
+VOCAB_SIZE_TOLERANCE = 128  # as llama.cpp's speculative example: pads differ between sizes of a family
+_VOCAB_TYPES = {0: "none", 1: "SentencePiece (SPM)", 2: "byte-level BPE", 3: "WordPiece", 4: "Unigram (T5)", 5: "RWKV", 6: "PLaMo-2"}
+
+
+# ----------------------------------------------------------------------
+# logging: llama.cpp writes to stderr unless given a callback
+# ----------------------------------------------------------------------
+class _LlamaLog:
+    """Keeps llama.cpp's recent log lines so load errors can quote them; prints only when verbose."""
+
+    def __init__(self) -> None:
+        self.lines: deque[tuple[int, str]] = deque(maxlen=200)
+        self.verbose = bool(os.environ.get("LOCALSPEC_VERBOSE"))
+        self._last_level = 2
+        self._callback = C.llama_log_callback(self._on_log)  # referenced so it is never collected
+        C.llama_log_set(self._callback, ctypes.c_void_p(0))
+
+    def _on_log(self, level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
+        if level == 5:
+            level = self._last_level
+        self._last_level = level
+        line = text.decode("utf-8", errors="replace")
+        self.lines.append((level, line))
+        if self.verbose and level >= 3:
+            sys.stderr.write(line)
+
+    def last_error(self) -> str:
+        """The most recent line that looks like an error, without llama.cpp's function prefix."""
+        for level, line in reversed(self.lines):
+            low = line.lower()
+            if "error" in low or "failed" in low or "invalid" in low or "not within" in low:
+                text = line.strip()
+                return text.split(": ", 1)[1] if ": " in text else text
+        return ""
+
+
+_LOG = _LlamaLog()
+C.llama_backend_init()
+
+
+def system_info() -> str:
+    """llama.cpp's feature line, e.g. ``CPU : AVX2 = 1 | ... | LLAMAFILE = 1``."""
+    return C.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def llama_cpp_version() -> str:
+    import llama_cpp
+
+    return getattr(llama_cpp, "__version__", "unknown")
+
+
+def gpu_offload_supported() -> bool:
+    return bool(C.llama_supports_gpu_offload())
+
+
+# ----------------------------------------------------------------------
+# settings and file checks
+# ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class LlamaSettings:
+    """What a context is created with (from the ``model`` section of the config)."""
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    threads: int = 0
+    n_gpu_layers: int = -1
+    flash_attention: bool = True
+
+    def resolved_threads(self) -> int:
+        if self.threads > 0:
+            return self.threads
+        try:
+            import psutil
+
+            return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+        except ImportError:  # pragma: no cover
+            return max(1, os.cpu_count() or 1)
+
+
+def check_gguf_file(path: Path, role: str) -> None:
+    """Fail early, with a fix, for the common bad files: missing, a folder, not GGUF, too short."""
+    hint = "run `localspec models prepare` for the demo pair, or set model.%s in config.yaml" % role
+    if not path.exists():
+        raise ModelError(f"{role} model {path} does not exist; {hint}")
+    if path.is_dir():
+        raise ModelError(f"{role} model {path} is a folder, not a .gguf file; {hint}")
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"{role} model {path} is not a GGUF file (starts with {magic!r}); {hint}")
+    if size < 1024:
+        raise ModelError(f"{role} model {path} is truncated ({size} bytes); {hint}")
+
+
+# ----------------------------------------------------------------------
+# the model
+# ----------------------------------------------------------------------
+class LlamaModel:
+    """One GGUF model with one context; a :class:`LanguageModel` and a :class:`Vocabulary`."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        settings: LlamaSettings = LlamaSettings(),
+        role: str = "target",
+        on_progress: Callable[[float], None] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.role = role
+        self.name = self.path.name
+        self.settings = settings
+        self._lock = threading.RLock()
+        check_gguf_file(self.path, role)
+
+        mparams = C.llama_model_default_params()
+        mparams.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999_999
+        if on_progress is not None:
+
+            def _progress(value: float, _user: ctypes.c_void_p) -> bool:
+                on_progress(float(value))
+                return True
+
+            self._progress_cb = C.llama_progress_callback(_progress)
+            mparams.progress_callback = self._progress_cb
+        _LOG.lines.clear()
+        self._model = C.llama_model_load_from_file(str(self.path).encode("utf-8"), mparams)
+        if not self._model:
+            detail = _LOG.last_error()
+            raise ModelError(
+                f"{role} model {self.path} could not be loaded"
+                + (f" (llama.cpp: {detail})" if detail else "")
+                + "; the file is truncated or corrupt — re-download it or run `localspec models prepare`"
+            )
+        self._vocab = C.llama_model_get_vocab(self._model)
+        self._n_vocab = int(C.llama_vocab_n_tokens(self._vocab))
+        if C.llama_model_is_recurrent(self._model) or C.llama_model_is_hybrid(self._model):
+            kind = "recurrent" if C.llama_model_is_recurrent(self._model) else "hybrid"
+            self.close()
+            raise IncompatiblePairError(
+                f"{role} model {self.path.name} is a {kind} model; its memory cannot drop rejected "
+                "tokens, so speculative decoding cannot roll back — use a transformer model"
+            )
+        n_ctx_train = int(C.llama_model_n_ctx_train(self._model))
+        cparams = C.llama_context_default_params()
+        cparams.n_ctx = settings.n_ctx
+        cparams.n_batch = settings.n_batch
+        cparams.n_ubatch = settings.n_batch
+        cparams.n_seq_max = 1
+        threads = settings.resolved_threads()
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.flash_attn_type = (
+            C.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attention else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        cparams.no_perf = True
+        self._ctx = C.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            detail = _LOG.last_error()
+            self.close()
+            raise ModelError(
+                f"could not create a context of {settings.n_ctx} tokens for {self.path.name}"
+                + (f" (llama.cpp: {detail})" if detail else "")
+                + "; lower model.n_ctx or free memory"
+            )
+        self._memory = C.llama_get_memory(self._ctx)
+        self._n_ctx = int(C.llama_n_ctx(self._ctx))
+        self.n_ctx_train = n_ctx_train
+        self.threads = threads
+        self._batch = C.llama_batch_init(settings.n_batch, 0, 1)
+        self._tokens: list[int] = []
+        self._pieces: dict[int, bytes] = {}
+        self._decode_s = 0.0
+        self.n_evaluated = 0  # tokens evaluated over the model's lifetime (KV-reuse tests and stats)
+
+    # -- lifecycle ---------------------------------------------------------
+    def close(self) -> None:
+        """Free the context and the model (idempotent)."""
+        batch = getattr(self, "_batch", None)
+        if batch is not None:
+            C.llama_batch_free(batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            C.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            C.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "LlamaModel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # -- LanguageModel -----------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._n_vocab
+
+    @property
+    def context_size(self) -> int:
+        return self._n_ctx
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    @property
+    def decode_seconds(self) -> float:
+        return self._decode_s
+
+    def extend(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """Evaluate ``tokens`` after the cache; return logits (float32) of the last ``n_logits``."""
+        tokens = [int(t) for t in tokens]
+        n = len(tokens)
+        if n_logits > n:
+            raise ValueError(f"asked for {n_logits} logit rows from {n} tokens")
+        if len(self._tokens) + n > self._n_ctx:
+            raise PromptTooLongError(
+                f"{len(self._tokens) + n} tokens do not fit the {self._n_ctx}-token context of "
+                f"{self.name}; shorten the prompt or raise model.n_ctx"
+            )
+        bad = [t for t in tokens if not 0 <= t < self._n_vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.name} ({self._n_vocab})")
+        out = np.empty((n_logits, self._n_vocab), dtype=np.float32)
+        first_logit = n - n_logits
+        chunk = self.settings.n_batch
+        started = time.perf_counter()
+        with self._lock:
+            try:
+                for start in range(0, n, chunk):
+                    part = tokens[start : start + chunk]
+                    self._decode(part, start, first_logit)
+                    for j in range(max(start, first_logit), start + len(part)):
+                        ptr = C.llama_get_logits_ith(self._ctx, j - start)
+                        out[j - first_logit] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+                    self._tokens.extend(part)
+            finally:
+                self._decode_s += time.perf_counter() - started
+        self.n_evaluated += n
+        return out
+
+    def _decode(self, part: list[int], offset: int, first_logit: int) -> None:
+        batch = self._batch
+        pos0 = len(self._tokens)
+        batch.n_tokens = len(part)
+        for i, token in enumerate(part):
+            batch.token[i] = token
+            batch.pos[i] = pos0 + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = offset + i >= first_logit
+        code = C.llama_decode(self._ctx, batch)
+        if code != 0:
+            # llama.cpp restores the memory on failure; make sure we agree with it
+            self._remove_from(pos0)
+            reason = {1: "no room left in the context (KV cache full)", 2: "aborted"}.get(code, f"error {code}")
+            raise ModelError(f"llama_decode failed on {self.name}: {reason}")
+
+    def truncate(self, n_keep: int) -> None:
+        """Keep the first ``n_keep`` cached positions; drop the rest from the KV memory."""
+        if n_keep >= len(self._tokens):
+            return
+        started = time.perf_counter()
+        with self._lock:
+            self._remove_from(n_keep)
+        self._decode_s += time.perf_counter() - started
+
+    def _remove_from(self, position: int) -> None:
+        if not C.llama_memory_seq_rm(self._memory, 0, position, -1):
+            raise ModelError(
+                f"{self.name}: llama_memory_seq_rm refused to remove positions {position}.. "
+                "(this memory type cannot roll back); speculative decoding is impossible with this model"
+            )
+        del self._tokens[position:]
+
+    def reset(self) -> None:
+        """Forget the whole cache."""
+        with self._lock:
+            C.llama_memory_clear(self._memory, True)
+            self._tokens.clear()
+
+    # -- Vocabulary --------------------------------------------------------
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._piece(token, special=False)
+        return piece
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        size = 64
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = C.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
+            if n >= 0:
+                return buf.raw[:n]
+            size = -n
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry itself (as stored in the GGUF), for compatibility checks."""
+        return C.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self._vocab, token))
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 16
+        while True:
+            buf = (C.llama_token * capacity)()
+            n = C.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+            if n >= 0:
+                return list(buf[:n])
+            capacity = -n
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    # -- facts about the model -----------------------------------------------
+    @property
+    def vocab_type(self) -> str:
+        code = int(C.llama_vocab_type(self._vocab))
+        return _VOCAB_TYPES.get(code, f"type {code}")
+
+    @property
+    def bos(self) -> int:
+        return int(C.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos(self) -> int:
+        return int(C.llama_vocab_eos(self._vocab))
+
+    @property
+    def eot(self) -> int:
+        return int(C.llama_vocab_eot(self._vocab))
+
+    @property
+    def adds_bos(self) -> bool:
+        return bool(C.llama_vocab_get_add_bos(self._vocab))
+
+    def special_text(self, token: int) -> str:
+        return "" if token < 0 else self._piece(token, special=True).decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        raw = C.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = C.llama_model_meta_val_str(self._model, key.encode(), buf, 4096)
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    @property
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        C.llama_model_desc(self._model, buf, 256)
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def size_bytes(self) -> int:
+        return int(C.llama_model_size(self._model))
+
+    def vocab_texts(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, str]]:
+        for token in range(start, self._n_vocab if stop is None else min(stop, self._n_vocab)):
+            yield token, self.token_text(token)
+
+
+def first_token_mismatch(target: LlamaModel, draft: LlamaModel) -> tuple[int, str, str] | None:
+    """The first token id whose text differs between the two vocabularies, if any."""
+    for token in range(min(target.vocab_size, draft.vocab_size)):
+        t_text, d_text = target.token_text(token), draft.token_text(token)
+        if t_text != d_text:
+            return token, t_text, d_text
+    return None
+
+
+def check_pair(target: LlamaModel, draft: LlamaModel) -> None:
+    """Refuse a draft whose tokens do not mean the same as the target's (DESIGN §4).
+
+    Checks every token text both vocabularies have, the vocabulary type, the
+    size difference and the BOS/EOS/EOT ids. The message names the first
+    differing token id with both texts, so the user sees *why*.
+    """
+    pair = f"draft {draft.name} cannot draft for target {target.name}"
+    vocabs = (
+        f"vocabularies: {target.vocab_type} with {target.vocab_size} tokens vs "
+        f"{draft.vocab_type} with {draft.vocab_size}"
+    )
+    fix = "pick a draft with the same tokenizer (same model family)"
+    mismatch = first_token_mismatch(target, draft)
+    if mismatch is not None:
+        token, t_text, d_text = mismatch
+        raise IncompatiblePairError(
+            f"{pair}: token {token} is {t_text!r} in the target but {d_text!r} in the draft ({vocabs}); {fix}"
+        )
+    if target.vocab_type != draft.vocab_type:
+        raise IncompatiblePairError(f"{pair}: vocabulary types differ ({vocabs}); {fix}")
+    gap = abs(target.vocab_size - draft.vocab_size)
+    if gap > VOCAB_SIZE_TOLERANCE:
+        raise IncompatiblePairError(
+            f"{pair}: vocabulary sizes differ by {gap}, more than {VOCAB_SIZE_TOLERANCE} ({vocabs}); {fix}"
+        )
+    for label, a, b in (("BOS", target.bos, draft.bos), ("EOS", target.eos, draft.eos), ("EOT", target.eot, draft.eot)):
+        if a != b:
+            raise IncompatiblePairError(f"{pair}: {label} token ids differ ({a} vs {b}); {fix}")
+
+
+_FTYPES = {"F32": "LLAMA_FTYPE_ALL_F32", "F16": "LLAMA_FTYPE_MOSTLY_F16", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+           "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "Q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}  # fmt: skip
+
+
+def quantize(source: Path, destination: Path, kind: str, threads: int = 0) -> None:
+    """Convert a GGUF to another weight type with ``llama_model_quantize`` (requantizing allowed)."""
+    if kind not in _FTYPES:
+        raise ModelError(f"weight type {kind!r} is not supported; use one of {', '.join(_FTYPES)}")
+    params = C.llama_model_quantize_default_params()
+    params.ftype = getattr(C, _FTYPES[kind])
+    params.allow_requantize = True
+    params.nthread = threads
+    _LOG.lines.clear()
+    code = C.llama_model_quantize(str(source).encode(), str(destination).encode(), ctypes.byref(params))
+    if code != 0:
+        detail = _LOG.last_error()
+        raise ModelError(f"converting {source.name} to {kind} failed" + (f" (llama.cpp: {detail})" if detail else ""))

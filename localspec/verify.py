@@ -1,0 +1,158 @@
+"""Accept or correct drafted tokens: every rule of DESIGN §2 as a pure function.
+
+Each function receives the drafted tokens, the target's rows (``K + 1`` of
+them: one per drafted position plus the bonus position) and, where the rule
+is random, the RNG. Rows are anything indexable by position, so callers may
+pass lazy sequences that compute a row only when the rule looks at it (greedy
+needs no softmax at all; rejection never looks past the first rejection).
+
+Every function returns a :class:`Verdict` with the number of accepted draft
+tokens, the one token the target emits after them (correction or bonus), and
+one :class:`DraftCheck` per examined draft token for traces and the UI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .sampling import sample_index
+
+
+@dataclass
+class DraftCheck:
+    """The evidence behind one draft token's fate."""
+
+    token: int
+    p: float  # target probability of the draft token (nan where the rule needs none)
+    q: float  # draft probability it was sampled with (1.0 for a deterministic drafter)
+    accept_prob: float  # probability this rule accepted it with
+    uniform: float | None  # the uniform that decided it (None: decided without one)
+    accepted: bool
+    target_token: int | None = None  # the token the target picked here (greedy/invariant/token-match)
+
+
+@dataclass
+class Verdict:
+    """Outcome of verifying one draft."""
+
+    n_accepted: int
+    token: int  # emitted after the accepted drafts: a correction, or a bonus when all were accepted
+    bonus: bool
+    checks: list[DraftCheck] = field(default_factory=list)
+    residual_mass: float | None = None  # 1 - sum(min(p, q)) at the rejected row, when known
+
+
+def verify_rejection(
+    draft: Sequence[int],
+    q_rows: Sequence[np.ndarray],
+    p_rows: Sequence[np.ndarray],
+    rng: np.random.Generator,
+) -> Verdict:
+    """Speculative rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+    Accept ``d_i`` with probability ``min(1, p_i(d_i) / q_i(d_i))``. At the
+    first rejection emit a draw from ``normalize(max(0, p_i - q_i))``; when all
+    are accepted emit a draw from ``p_K``. ``q_rows[i]`` must be the
+    distribution ``d_i`` was actually sampled from.
+    """
+    checks: list[DraftCheck] = []
+    for i, token in enumerate(draft):
+        p_row = p_rows[i]
+        q_row = q_rows[i]
+        p_tok = float(p_row[token])
+        q_tok = float(q_row[token])
+        if q_tok <= 0.0:
+            raise ValueError(f"draft token {token} has q = 0 at draft position {i}: it cannot have been sampled from q")
+        accept_prob = min(1.0, p_tok / q_tok)
+        u = float(rng.random())
+        accepted = u < accept_prob
+        checks.append(DraftCheck(token, p_tok, q_tok, accept_prob, u, accepted))
+        if not accepted:
+            residual = np.maximum(p_row - q_row, 0.0)
+            mass = float(residual.sum())
+            return Verdict(i, sample_index(residual, rng), False, checks, residual_mass=mass)
+    return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
+
+
+def verify_onehot(
+    draft: Sequence[int],
+    p_rows: Sequence[np.ndarray],
+    rng: np.random.Generator,
+) -> Verdict:
+    """Rejection sampling for a deterministic drafter (prompt lookup, n-gram).
+
+    ``q_i`` is one-hot on ``d_i``, so accept with probability ``p_i(d_i)``
+    and on rejection sample ``p_i`` with ``d_i`` removed and renormalised —
+    the same residual rule, specialised.
+    """
+    checks: list[DraftCheck] = []
+    for i, token in enumerate(draft):
+        p_row = p_rows[i]
+        p_tok = float(p_row[token])
+        u = float(rng.random())
+        accepted = u < p_tok
+        checks.append(DraftCheck(token, p_tok, 1.0, p_tok, u, accepted))
+        if not accepted:
+            residual = p_row.copy()
+            residual[token] = 0.0
+            return Verdict(i, sample_index(residual, rng), False, checks, residual_mass=1.0 - p_tok)
+    return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
+
+
+def verify_greedy(draft: Sequence[int], target_argmax: Sequence[int]) -> Verdict:
+    """T = 0: accept while ``d_i == argmax p_i``; emit the target's argmax at the first mismatch."""
+    checks: list[DraftCheck] = []
+    for i, token in enumerate(draft):
+        best = int(target_argmax[i])
+        accepted = token == best
+        checks.append(DraftCheck(token, float("nan"), float("nan"), float(accepted), None, accepted, best))
+        if not accepted:
+            return Verdict(i, best, False, checks)
+    return Verdict(len(draft), int(target_argmax[len(draft)]), True, checks)
+
+
+def verify_coupled(draft: Sequence[int], target_picks: Sequence[int]) -> Verdict:
+    """Drafter-invariant mode (Gumbel coupling, Daliri, Musco & Suresh 2024).
+
+    ``target_picks[i] = argmax(log p_i + g_i)`` with noise shared with the
+    draft. Commit the target's picks up to and including the first mismatch,
+    or all of them plus the bonus. No uniforms and no residual: the committed
+    text is a function of the seed alone, whatever the draft proposed.
+    (Mixing this noise with the rejection rule would be biased; never do it.)
+    """
+    checks: list[DraftCheck] = []
+    for i, token in enumerate(draft):
+        pick = int(target_picks[i])
+        accepted = token == pick
+        checks.append(DraftCheck(token, float("nan"), float("nan"), float(accepted), None, accepted, pick))
+        if not accepted:
+            return Verdict(i, pick, False, checks)
+    return Verdict(len(draft), int(target_picks[len(draft)]), True, checks)
+
+
+def verify_token_match(
+    draft: Sequence[int],
+    p_rows: Sequence[np.ndarray],
+    rng: np.random.Generator,
+) -> Verdict:
+    """Comparison baseline: the target samples its own token; a draft token survives only if equal.
+
+    Lossless, but accepts with ``sum(p * q)`` instead of ``sum(min(p, q))``.
+    """
+    checks: list[DraftCheck] = []
+    for i, token in enumerate(draft):
+        p_row = p_rows[i]
+        pick = sample_index(p_row, rng)
+        accepted = pick == token
+        checks.append(DraftCheck(token, float(p_row[token]), float("nan"), float(p_row[token]), None, accepted, pick))
+        if not accepted:
+            return Verdict(i, pick, False, checks)
+    return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
+
+
+def acceptance_rate(p: np.ndarray, q: np.ndarray) -> float:
+    """Expected acceptance of rejection sampling at one position: ``sum(min(p, q))``."""
+    return float(np.minimum(p, q).sum())

@@ -1,0 +1,280 @@
+"""The generation loop on toy models: greedy identity, drafter invariance, stops, caches."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+import pytest
+
+from localspec.drafters import ModelDrafter, NgramDrafter
+from localspec.errors import ConfigError, PromptTooLongError
+from localspec.events import GenerationResult, StepEvent, TokenEvent, TokenStatus
+from localspec.generation import GenerationOptions, SpeculativeDecoder
+from localspec.modes import RejectionMode
+from localspec.sampling import SamplingParams
+
+from .toy import ToyLM, greedy_reference
+
+V = 6
+
+
+def pair(noise: float = 1.2, draft_vocab: int = V, **target_kwargs):
+    target = ToyLM(V, seed=11, scale=1.6, **target_kwargs)
+    draft = ToyLM(draft_vocab, seed=23, base=target, noise=noise)
+    return target, draft
+
+
+def run(decoder, prompt, params=SamplingParams(temperature=0.8), **options):
+    return decoder.run(prompt, params, GenerationOptions(**options))
+
+
+# ---------------------------------------------------------------------------
+# greedy: byte-identical to target-only, over all short prompts
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("noise", [0.5, 3.0])  # a good and a bad draft
+def test_greedy_equals_target_only_for_all_prefixes(noise: float) -> None:
+    target, draft = pair(noise=noise)
+    speculative = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    greedy = SamplingParams(temperature=0.0)
+    prompts = [list(p) for n in (1, 2) for p in itertools.product(range(V), repeat=n)]
+    for prompt in prompts:
+        expected = greedy_reference(target, prompt, 12)
+        for k in (1, 3, 5):
+            got = run(speculative, prompt, greedy, mode="greedy", max_tokens=12, draft_tokens=k).token_ids
+            assert got == expected, (prompt, k)
+        assert run(speculative, prompt, greedy, mode="target-only", max_tokens=12).token_ids == expected
+        # rejection mode at T = 0 is greedy too
+        assert run(speculative, prompt, greedy, mode="rejection", max_tokens=12, draft_tokens=4).token_ids == expected
+
+
+def test_greedy_with_ngram_drafter_equals_target_only() -> None:
+    target, _ = pair()
+    decoder = SpeculativeDecoder(target, target, NgramDrafter(max_ngram=2))
+    for prompt in itertools.product(range(V), repeat=3):
+        expected = greedy_reference(target, prompt, 10)
+        got = run(decoder, list(prompt), SamplingParams(temperature=0.0), mode="greedy", max_tokens=10, draft_tokens=4)
+        assert got.token_ids == expected
+
+
+# ---------------------------------------------------------------------------
+# invariant mode: same seed, same text, whatever the draft
+# ---------------------------------------------------------------------------
+def test_invariant_mode_text_does_not_depend_on_the_drafter() -> None:
+    target = ToyLM(V, seed=11, scale=1.6)
+    draft_a = ToyLM(V, seed=23, base=target, noise=0.8)
+    draft_b = ToyLM(V, seed=99, base=target, noise=3.0)
+    decoders = {
+        "draft A": SpeculativeDecoder(target, target, ModelDrafter(draft_a)),
+        "draft B": SpeculativeDecoder(target, target, ModelDrafter(draft_b)),
+        "no draft": SpeculativeDecoder(target, target, None),
+    }
+    params = SamplingParams(temperature=0.8)
+    accepted = {name: 0 for name in decoders}
+    for seed in range(2000):
+        outputs = {}
+        for name, decoder in decoders.items():
+            result = run(decoder, [1, 2, 3], params, mode="invariant", max_tokens=16, draft_tokens=3, seed=seed)
+            outputs[name] = result.token_ids
+            accepted[name] += result.stats.accepted
+        assert len(set(map(tuple, outputs.values()))) == 1, (seed, outputs)
+    # the drafts really did something different (otherwise the test would be vacuous)
+    assert accepted["draft A"] > accepted["draft B"] > 0 and accepted["no draft"] == 0
+
+
+def test_invariant_mode_with_prompt_lookup_matches_no_draft() -> None:
+    target = ToyLM(V, seed=11, scale=1.6)
+    ngram = SpeculativeDecoder(target, target, NgramDrafter())
+    plain = SpeculativeDecoder(target, target, None)
+    params = SamplingParams(temperature=0.8)
+    for seed in range(300):
+        a = run(ngram, [1, 2, 1, 2, 1], params, mode="invariant", max_tokens=16, draft_tokens=3, seed=seed)
+        b = run(plain, [1, 2, 1, 2, 1], params, mode="invariant", max_tokens=16, seed=seed)
+        assert a.token_ids == b.token_ids
+
+
+def test_invariant_mode_changes_with_seed_and_request_key() -> None:
+    target, draft = pair()
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    params = SamplingParams(temperature=0.8)
+    texts = {tuple(run(decoder, [0], params, mode="invariant", max_tokens=16, seed=s).token_ids) for s in range(20)}
+    assert len(texts) > 10
+    a = run(decoder, [0], params, mode="invariant", max_tokens=16, seed=1, request_key=1).token_ids
+    b = run(decoder, [0], params, mode="invariant", max_tokens=16, seed=1, request_key=2).token_ids
+    assert a != b
+
+
+# ---------------------------------------------------------------------------
+# statuses, stops and limits
+# ---------------------------------------------------------------------------
+def test_statuses_follow_the_verdicts() -> None:
+    target, draft = pair()
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    events = list(decoder.stream([0, 1], SamplingParams(temperature=0.8), GenerationOptions(max_tokens=40, draft_tokens=3, seed=4)))
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    result = events[-1]
+    assert isinstance(result, GenerationResult)
+    expected: list[TokenStatus] = []
+    for step in steps:
+        expected += [TokenStatus.ACCEPTED] * step.n_accepted
+        expected.append(TokenStatus.BONUS if step.bonus else TokenStatus.CORRECTED)
+    assert [t.status for t in tokens] == expected == result.statuses
+    assert {TokenStatus.ACCEPTED, TokenStatus.CORRECTED, TokenStatus.BONUS} <= set(expected)
+    assert [t.index for t in tokens] == list(range(len(tokens)))
+    corrected = [t for t in tokens if t.status is TokenStatus.CORRECTED]
+    assert all(t.rejected_token is not None and t.uniform >= t.accept_prob for t in corrected)
+    accepted = [t for t in tokens if t.status is TokenStatus.ACCEPTED]
+    assert all(t.uniform < t.accept_prob for t in accepted)
+    assert result.stats.n_tokens == len(tokens) == 40
+    assert 0 < result.stats.acceptance_rate < 1
+
+
+def test_target_only_tokens_are_marked_target() -> None:
+    target, draft = pair()
+    result = run(SpeculativeDecoder(target, target, ModelDrafter(draft)), [0], mode="target-only", max_tokens=8)
+    assert result.statuses == [TokenStatus.TARGET] * 8 and result.stats.drafted == 0
+
+
+def test_end_of_generation_token_stops_and_is_not_emitted() -> None:
+    target = ToyLM(V, seed=11, scale=1.6, eos=greedy_reference(ToyLM(V, seed=11, scale=1.6), [2], 6)[3])
+    draft = ToyLM(V, seed=23, base=target, noise=0.3)
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    result = run(decoder, [2], SamplingParams(temperature=0.0), mode="greedy", max_tokens=50, draft_tokens=4)
+    assert result.stop_reason == "eos"
+    assert result.token_ids == greedy_reference(target, [2], 50, eos=target.eos)
+    assert target.eos not in result.token_ids
+
+
+def test_max_tokens_is_exact_and_limits_the_draft() -> None:
+    target, draft = pair(noise=0.1)
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    for n in (1, 2, 5, 9):
+        events = list(decoder.stream([3], SamplingParams(temperature=0.8), GenerationOptions(max_tokens=n, draft_tokens=4)))
+        result = events[-1]
+        assert result.stop_reason == "max_tokens" and len(result.token_ids) == n
+        assert all(e.k <= n - 1 for e in events if isinstance(e, StepEvent))
+
+
+def test_context_full_is_a_clean_stop() -> None:
+    target = ToyLM(V, seed=11, scale=1.6, context_size=20)
+    draft = ToyLM(V, seed=23, base=target, noise=1.0, context_size=20)
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    result = run(decoder, [0, 1, 2, 3, 4], max_tokens=100, draft_tokens=4)
+    assert result.stop_reason == "context_full"
+    assert len(result.token_ids) == 20 - 5 + 1  # the last position's token needs no evaluation
+
+
+def test_prompt_longer_than_context_is_refused_with_sizes() -> None:
+    target, draft = pair(context_size=8)
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    with pytest.raises(PromptTooLongError, match="9 tokens but the context holds 8"):
+        run(decoder, list(range(6)) + [0, 1, 2])
+
+
+def test_empty_prompt_is_refused() -> None:
+    target, _ = pair()
+    with pytest.raises(ConfigError, match="empty"):
+        run(SpeculativeDecoder(target, target, None), [])
+
+
+def test_stop_string_truncates_and_never_shows() -> None:
+    target, draft = pair()
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    full = run(decoder, [0], SamplingParams(temperature=0.0), mode="greedy", max_tokens=20)
+    stop = full.text[5:7]
+    events = list(decoder.stream([0], SamplingParams(temperature=0.0), GenerationOptions(mode="greedy", max_tokens=20, stop=[stop])))
+    result = events[-1]
+    streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    assert result.stop_reason == "stop_string"
+    assert result.text == streamed == full.text[: full.text.index(stop)]
+    assert stop not in streamed
+
+
+def test_cancel_stops_within_one_step() -> None:
+    target, draft = pair()
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    cancel = threading.Event()
+    steps = 0
+    for event in decoder.stream([0], SamplingParams(temperature=0.8), GenerationOptions(max_tokens=200), cancel):
+        if isinstance(event, StepEvent):
+            steps += 1
+            if steps == 2:
+                cancel.set()
+        if isinstance(event, GenerationResult):
+            result = event
+    assert result.stop_reason == "cancelled" and result.stats.steps == 2
+
+
+# ---------------------------------------------------------------------------
+# caches
+# ---------------------------------------------------------------------------
+def test_target_cache_holds_committed_tokens_minus_the_last_after_every_step() -> None:
+    target, draft = pair()
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    context = [0, 1]
+    for event in decoder.stream(list(context), SamplingParams(temperature=0.8), GenerationOptions(max_tokens=30, draft_tokens=4)):
+        if isinstance(event, TokenEvent):
+            context.append(event.token_id)
+        elif isinstance(event, StepEvent):
+            # the step's tokens are committed before its event; rejected drafts are gone from the cache
+            assert list(target.cached_tokens) == context[:-1]
+    assert list(target.cached_tokens) == context[:-1]
+
+
+def test_second_turn_evaluates_only_new_tokens() -> None:
+    target, draft = pair()
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    first_prompt = [0, 1, 2, 3]
+    first = run(decoder, first_prompt, SamplingParams(temperature=0.0), mode="greedy", max_tokens=10)
+    second_prompt = first_prompt + first.token_ids + [4, 5]
+    second = run(decoder, second_prompt, SamplingParams(temperature=0.0), mode="greedy", max_tokens=10)
+    # the cache held prompt + reply minus its last token; only that token and the 2 new ones (minus the
+    # pending last) are evaluated before the first step
+    assert second.stats.n_prompt_evaluated == 2
+    fresh_target, fresh_draft = pair()
+    fresh = run(SpeculativeDecoder(fresh_target, fresh_target, ModelDrafter(fresh_draft)), second_prompt,
+                SamplingParams(temperature=0.0), mode="greedy", max_tokens=10)  # fmt: skip
+    assert fresh.token_ids == second.token_ids
+    assert fresh.stats.n_prompt_evaluated == len(second_prompt) - 1
+
+
+def test_draft_catches_up_on_its_unevaluated_last_proposal() -> None:
+    target, draft = pair(noise=0.01)  # near-perfect draft: most steps accept all K
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    result = run(decoder, [0], SamplingParams(temperature=0.0), mode="greedy", max_tokens=30, draft_tokens=3)
+    assert result.stats.accepted == result.stats.drafted  # every draft accepted
+    # before the next step the draft cache must extend the committed text exactly
+    committed = [0] + result.token_ids
+    assert list(draft.cached_tokens) == committed[: len(draft.cached_tokens)]
+
+
+def test_smaller_draft_vocabulary_works_end_to_end() -> None:
+    target, draft = pair(draft_vocab=V - 2)
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    assert decoder.vocab_size == V
+    result = run(decoder, [0], max_tokens=50, seed=3)
+    assert len(result.token_ids) == 50 and result.stats.accepted > 0
+
+
+def test_detail_records_top_entries_for_every_reached_row() -> None:
+    target, draft = pair()
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    events = list(decoder.stream([0], SamplingParams(temperature=0.8), GenerationOptions(max_tokens=20, detail_top=3)))
+    for step in (e for e in events if isinstance(e, StepEvent)):
+        for row in step.rows:
+            if row.outcome in ("accepted", "rejected", "bonus"):
+                assert len(row.top_p) == 3
+                assert [e.prob for e in row.top_p] == sorted((e.prob for e in row.top_p), reverse=True)
+            if row.outcome in ("accepted", "rejected"):
+                assert len(row.top_q) == 3 and row.p is not None and row.q is not None
+
+
+def test_ngram_drafter_copies_the_latest_match() -> None:
+    ngram = NgramDrafter(max_ngram=3)
+    mode = RejectionMode(SamplingParams(), np.random.default_rng(0), 10)
+    assert ngram.propose([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 3, mode).tokens == [7, 1, 2]
+    assert ngram.propose([5, 6], 3, mode).tokens == []
+    assert ngram.propose([4, 4, 4], 2, mode).tokens == [4]
+    assert ngram.propose([1, 2, 1], 4, mode).tokens == [2, 1]
