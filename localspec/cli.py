@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from .config import Config, load_config
+from .config import PATH_KEYS, Config, absolute_path, load_config
 from .errors import ConfigError, LocalspecError
 
 # flag name -> dotted config key; shared by every command that generates
@@ -54,6 +54,8 @@ class AppState:
             if value is None or name not in FLAG_KEYS:
                 continue
             flag, key = FLAG_KEYS[name]
+            if key in PATH_KEYS:
+                value = absolute_path(str(value), Path.cwd())
             try:
                 config = config.with_overrides({key: value})
             except ConfigError as error:
@@ -319,6 +321,137 @@ def doctor(state: AppState, target: str | None, draft: str | None) -> None:
     config = state.config({"target": target, "draft": draft})
     for line in run_doctor(config):
         click.echo(line)
+
+
+# ----------------------------------------------------------------------
+def ensure_models(config: Config) -> None:
+    """First use: build the offline demo pair when the configured models are the missing demo files."""
+    from .catalog import Catalog, Preparer
+
+    catalog = Catalog.load()
+    wanted = [config.resolve_path(spec) for spec in (config.model.target, config.model.draft)
+              if spec.strip().lower() not in ("none", "ngram")]  # fmt: skip
+    missing = [path for path in wanted if not path.exists()]
+    if not missing:
+        return
+    demo = {catalog.path(name).resolve(): name for name in catalog.files}
+    if any(path.resolve() not in demo for path in missing):
+        return  # not ours to build: loading reports the missing file with its fix
+    err("first run: preparing the offline demo models (`localspec models prepare`)")
+    with progress_bar() as progress:
+        preparer = Preparer(catalog, say=err, progress=progress)
+        for path in missing:
+            preparer.ensure(demo[path.resolve()])
+
+
+@cli.command()
+@sampling_flags
+@click.option("--host", type=str, help="Address to bind (default from config: 127.0.0.1).")
+@click.option("--port", type=int, help="Port (default from config: 7860).")
+@click.pass_obj
+def ui(state: AppState, host: str | None, port: int | None, **kwargs: Any) -> None:
+    """Start the Gradio chat with live token fates and the acceptance debugging view."""
+    from importlib.metadata import entry_points
+
+    config = state.config(flag_values(kwargs))
+    config = config.with_overrides({"ui.host": host, "ui.port": port})
+    # The front end is a separate package that imports localspec, never the reverse:
+    # it registers its launcher under this entry-point group (see pyproject.toml).
+    found = entry_points(group="localspec.frontends", name="ui")
+    if not found:
+        raise ConfigError("the Gradio front end is not installed; run `make install` (pip install -e .)")
+    launch = next(iter(found)).load()
+    ensure_models(config)
+    launch(config)
+
+
+@cli.command()
+@sampling_flags
+@click.option("--no-color", "no_color", is_flag=True, help="No colours (also when NO_COLOR is set).")
+@click.option("--show-status/--hide-status", "show_status", default=None,
+              help="Mark token fates in the text: [corrected] {bonus} (default: on when colour is off).")  # fmt: skip
+@click.pass_obj
+def chat(state: AppState, no_color: bool, show_status: bool | None, **kwargs: Any) -> None:
+    """Chat in the terminal; every token is coloured by its fate (accepted, corrected, bonus)."""
+    from .terminal_chat import run_chat
+
+    config = state.config(flag_values(kwargs))
+    ensure_models(config)
+    engine = load_engine(config, state.verbose)
+    try:
+        run_chat(engine, config, no_color=no_color, show_status=show_status)
+    finally:
+        engine.close()
+
+
+@cli.command()
+@click.option("--repeats", type=int, default=3, show_default=True, help="Timed runs per prompt and variant.")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens generated per run.")
+@click.option("--variants", type=str, default=None,
+              help="Comma-separated subset of: target-only, greedy, rejection, invariant, token-match, "
+                   "prompt-lookup, adaptive (default: all).")  # fmt: skip
+@click.option("--prompts", "prompt_names", type=str, default=None, help="Comma-separated subset of: chat, essay, code, summarise.")
+@click.option("--draft-tokens", "-k", type=int, default=None, help="K of the fixed-K variants (default: config).")
+@click.option("--max-k", type=int, default=8, show_default=True, help="Upper bound of the adaptive-K variant.")
+@click.option("--temperature", "-t", type=float, default=None, help="T of the sampling variants (default 0.7).")
+@click.option("--reference", is_flag=True, help="Also time llama-cpp-python's own generation and prompt lookup.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench.png", show_default=True,
+              help="Where the PNG plot is written.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as one JSON object.")
+@click.option("--target", type=str, help="Target GGUF path.")
+@click.option("--draft", type=str, help="Draft GGUF path, 'ngram' or 'none'.")
+@click.option("--ctx", "n_ctx", type=int, help="Context size in tokens.")
+@click.option("--threads", type=int, help="CPU threads (0 = physical cores).")
+@click.pass_obj
+def bench(state: AppState, repeats: int, max_tokens: int, variants: str | None, prompt_names: str | None,
+          draft_tokens: int | None, max_k: int, temperature: float | None, reference: bool, plot_path: str,
+          as_json: bool, **kwargs: Any) -> None:  # fmt: skip
+    """Time every speculative variant on the configured pair (tokens/s, speedup, time split)."""
+    from .bench.e2e import VARIANTS, BenchSettings, render_table, run_bench, write_plot
+
+    config = state.config(flag_values(kwargs))
+    settings = BenchSettings(
+        variants=[v.strip() for v in variants.split(",") if v.strip()] if variants else tuple(VARIANTS),
+        prompts=[p.strip() for p in prompt_names.split(",") if p.strip()] if prompt_names else None,
+        repeats=repeats,
+        max_tokens=max_tokens,
+        draft_tokens=draft_tokens if draft_tokens is not None else max(1, config.speculative.draft_tokens),
+        max_draft_tokens=max_k,
+        min_draft_tokens=min(config.speculative.min_draft_tokens, max_k),
+        temperature=temperature,
+        reference=reference,
+    )
+    ensure_models(config)
+    engine = load_engine(config, state.verbose)
+    try:
+        with bench_progress() as progress:
+            report = run_bench(engine, settings, progress)
+    finally:
+        engine.close()
+    report["plot"] = str(write_plot(report, plot_path))
+    if as_json:
+        click.echo(json.dumps(report))
+        err(f"plot: {report['plot']}")
+    else:
+        click.echo(render_table(report))
+        click.echo(f"plot: {report['plot']}")
+
+
+@contextmanager
+def bench_progress() -> Iterator[Callable[[str, int, int], None]]:
+    """A rich progress bar on standard error (the report goes to standard output)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True, disable=not console.is_terminal) as bar:  # fmt: skip
+        task = bar.add_task("bench", total=1)
+
+        def update(description: str, done: int, total: int) -> None:
+            bar.update(task, description=description, completed=done, total=total)
+
+        yield update
 
 
 # ----------------------------------------------------------------------

@@ -44,7 +44,7 @@ class ModelConfig(_Section):
     n_batch: int = setting(512, "most tokens per llama_decode call (prompt evaluation)", 1, 65_536)
     threads: int = setting(0, "CPU threads per model; 0 = all physical cores", 0, 1024)
     n_gpu_layers: int = setting(-1, "layers offloaded to Metal/CUDA; -1 = all, 0 = none", -1, 100_000)
-    flash_attention: bool = setting(True, "flash attention; makes quantized logits batch-invariant on CPU")
+    flash_attention: bool = setting(False, "flash attention; off keeps CPU logits batch-invariant at every position")
 
 
 @dataclass(frozen=True)
@@ -116,12 +116,11 @@ class Config:
             )
 
     def resolve_path(self, value: str) -> Path:
-        """Model and trace paths are relative to the config file's folder."""
+        """Where a model or trace path points. Paths written in a config file were made absolute
+        against that file's folder when it was read, flags against the working directory; what
+        is still relative (the built-in defaults) is relative to the project folder."""
         path = Path(os.path.expanduser(value))
-        if path.is_absolute():
-            return path
-        base = self.source.parent if self.source is not None else PROJECT_ROOT
-        return base / path
+        return path if path.is_absolute() else PROJECT_ROOT / path
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> "Config":
         """A checked copy with dotted keys (``sampling.temperature``) replaced; ``None`` values are skipped."""
@@ -140,6 +139,16 @@ class Config:
 
 
 _SECTIONS = tuple(_SECTION_OF.values())
+PATH_KEYS = ("model.target", "model.draft", "trace.dir")
+_NOT_PATHS = ("none", "ngram")
+
+
+def absolute_path(value: str, base: Path) -> str:
+    """``value`` made absolute against ``base`` (keeps 'none'/'ngram' and absolute paths)."""
+    if value.strip().lower() in _NOT_PATHS:
+        return value
+    path = Path(os.path.expanduser(value))
+    return str(path if path.is_absolute() else (base / path))
 
 
 def _field_names(section: Any) -> set[str]:
@@ -181,6 +190,10 @@ def load_config(path: str | Path | None = None) -> Config:
             if value is None:
                 raise ConfigError(f"{path}: {section}.{key} has no value; give one or delete the line")
             overrides[f"{section}.{key}"] = value
+    base = path.resolve().parent
+    for key in PATH_KEYS:
+        if key in overrides:
+            overrides[key] = absolute_path(str(overrides[key]), base)
     try:
         return Config(source=path.resolve()).with_overrides(overrides)
     except ConfigError as error:

@@ -15,55 +15,101 @@ import hashlib
 import sys
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .model import LanguageModel
 
-PROBE_TEXT = "The quick brown fox jumps over the lazy dog. Speculative decoding must not change a single bit"
+PROBE_TEXT = (
+    "Speculative decoding must not change a single bit of the output. The quick brown fox jumps over the lazy dog; "
+    "a draft proposes, the target verifies, and rejection sampling keeps the distribution exact. "
+)
 PROBE_BATCH = 5
+PAST = 300  # positions beyond 256: flash attention on CPU changes there (measured)
 
 
 @dataclass
 class InvarianceReport:
-    """Outcome of comparing batched with one-token-at-a-time logits."""
+    """Outcome of comparing logits computed in batches with one-token-at-a-time logits."""
 
     model: str
     identical: bool
     max_abs_diff: float
     rows_compared: int
+    details: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         if self.identical:
-            return f"{self.model}: batched and sequential logits are bit-identical ({self.rows_compared} rows)"
+            return f"{self.model}: batched and sequential logits are bit-identical ({self.rows_compared} rows; {'; '.join(self.details)})"
         return (
-            f"{self.model}: batched and sequential logits DIFFER (max |diff| {self.max_abs_diff:.3g}); "
-            "greedy/invariant output may differ from target-only"
+            f"{self.model}: batched and sequential logits DIFFER (max |diff| {self.max_abs_diff:.3g}; "
+            f"{'; '.join(self.details)}); greedy/invariant output may differ from target-only"
         )
 
 
-def measure_batch_invariance(model: LanguageModel, prompt: list[int], probe: list[int]) -> InvarianceReport:
-    """Compare logits of ``probe`` decoded one by one and as one batch, after ``prompt``.
+def probe_tokens(tokenize) -> list[int]:
+    """A fixed text long enough to reach past position 256."""
+    tokens: list[int] = []
+    text = PROBE_TEXT
+    while len(tokens) < PAST + PROBE_BATCH + 2:
+        tokens = tokenize(text)
+        text += PROBE_TEXT
+    return tokens
 
-    One more token is decoded after each path, so keys/values computed inside
-    the batch are compared too, not only the batch's own output rows.
-    """
-    tokens = list(prompt) + list(probe)
-    extra = probe[0]
-    start = len(prompt)
-    model.truncate(0)
-    model.extend(tokens[:start], 0)
+
+def _sequential_vs_batch(model: LanguageModel, start: int, probe: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """With ``start`` tokens cached: the probe one by one, then as one batch (plus one token after each)."""
     sequential = [model.extend([t], 1)[0] for t in probe]
-    sequential.append(model.extend([extra], 1)[0])
+    sequential.append(model.extend([probe[0]], 1)[0])
     model.truncate(start)
     batched = list(model.extend(probe, len(probe)))
-    batched.append(model.extend([extra], 1)[0])
+    batched.append(model.extend([probe[0]], 1)[0])
+    model.truncate(start)
+    return np.stack(sequential), np.stack(batched)
+
+
+def measure_batch_invariance(model: LanguageModel, tokens: list[int]) -> InvarianceReport:
+    """Three comparisons that decide whether speculative and target-only logits can differ.
+
+    1. a verification batch vs one token at a time, early in the context;
+    2. the same past position 256 (where CPU flash attention changes);
+    3. a prompt evaluated in one batch vs in two chunks (KV reuse across turns).
+    One more token is decoded after each batch, so keys/values written inside
+    a batch are compared too, not only the batch's own output rows.
+    """
+    n = min(len(tokens) - PROBE_BATCH - 1, model.context_size - PROBE_BATCH - 2)
+    probe = tokens[n : n + PROBE_BATCH]
+    diffs: list[tuple[str, float, int]] = []
+
     model.truncate(0)
-    a, b = np.stack(sequential), np.stack(batched)
-    diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
-    return InvarianceReport(getattr(model, "name", "model"), bool(np.array_equal(a, b)), diff, len(a))
+    model.extend(tokens[:16], 0)
+    a, b = _sequential_vs_batch(model, 16, tokens[16 : 16 + PROBE_BATCH])
+    diffs.append(("verify batch at position 16", _diff(a, b), len(a)))
+
+    model.truncate(0)
+    whole = model.extend(tokens[: n + 1], 1)
+    model.truncate(n)
+    a, b = _sequential_vs_batch(model, n, probe)
+    diffs.append((f"verify batch at position {n}", _diff(a, b), len(a)))
+
+    model.truncate(0)
+    half = (n + 1) // 2
+    model.extend(tokens[:half], 0)
+    split = model.extend(tokens[half : n + 1], 1)
+    diffs.append((f"prompt of {n + 1} in one batch vs two", _diff(whole, split), 1))
+    model.truncate(0)
+
+    worst = max(d for _, d, _ in diffs)
+    details = [f"{label}: {'identical' if d == 0 else f'max diff {d:.3g}'}" for label, d, _ in diffs]
+    return InvarianceReport(getattr(model, "name", "model"), worst == 0.0, worst, sum(r for *_, r in diffs), details)
+
+
+def _diff(a: np.ndarray, b: np.ndarray) -> float:
+    if np.array_equal(a, b):
+        return 0.0
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
 def cache_dir() -> Path:
@@ -164,18 +210,18 @@ def run_doctor(config) -> list[str]:
         lines.append(f"pair: {engine.pair_name} — compatible")
         target_settings = {"flash_attention": engine.settings.flash_attention, "threads": engine.target.threads,
                            "n_gpu_layers": engine.settings.n_gpu_layers}  # fmt: skip
-        probe = engine.target.tokenize(PROBE_TEXT, add_special=True, parse_special=False)
-        report = measure_batch_invariance(engine.target, probe[:-PROBE_BATCH], probe[-PROBE_BATCH:])
+        probe = probe_tokens(lambda text: engine.target.tokenize(text, add_special=True, parse_special=False))
+        report = measure_batch_invariance(engine.target, probe)
         save_cached(engine.target_path, target_settings, f"{backend.llama_cpp_version()} {info}", report)
         lines.append("batch invariance (target): " + report.line())
         if engine.draft_model is not None:
-            draft_report = measure_batch_invariance(engine.draft_model, probe[:-PROBE_BATCH], probe[-PROBE_BATCH:])
+            draft_report = measure_batch_invariance(engine.draft_model, probe)
             lines.append("batch invariance (draft, informational): " + draft_report.line())
         lines.append(
             "verdict: greedy and invariant modes reproduce target-only output exactly"
             if report.identical
             else "verdict: greedy/invariant output may differ from target-only on this build; "
-            "try flash_attention: true, a quantized target, or a GGML_LLAMAFILE=OFF build"
+            "try flash_attention: false and a GGML_LLAMAFILE=OFF build (`make install`)"
         )
     finally:
         engine.close()

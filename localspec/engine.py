@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import secrets
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from .chat import ChatTemplate, Message
 from .config import Config
-from .doctor import PROBE_BATCH, PROBE_TEXT, InvarianceReport, load_cached, measure_batch_invariance, save_cached
+from .doctor import InvarianceReport, load_cached, measure_batch_invariance, probe_tokens, save_cached
 from .drafters import Drafter, ModelDrafter, NgramDrafter
 from .errors import ModelError
 from .events import GenerationResult, StepEvent, TokenEvent
@@ -69,6 +69,7 @@ class Engine:
             else None
         )
         self._invariance: InvarianceReport | None = None
+        self._target_token_s: float | None = None
 
     def _make_drafter(self, config: Config, progress: Progress | None) -> Drafter | None:
         spec = config.model.draft.strip()
@@ -121,6 +122,8 @@ class Engine:
             draft_tokens=cfg.speculative.draft_tokens,
             seed=cfg.sampling.seed,
             detail_top=0,
+            adaptive=cfg.speculative.adaptive,
+            min_draft_tokens=cfg.speculative.min_draft_tokens,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         if values["seed"] is None or values["seed"] < 0:
@@ -139,6 +142,37 @@ class Engine:
         with self.lock:
             yield from self.decoder.stream(prompt, params, options, cancel)
 
+    def target_token_seconds(self, samples: int = 6) -> float:
+        """Seconds the target takes for one token on its own: the target-only cost of DESIGN §7.
+
+        Measured once (the fastest of ``samples`` single-token decodes appended
+        after whatever is cached, then rolled back), so speedups can be
+        estimated without running a whole target-only reply. The minimum, not
+        the median: a decode that another process slowed down would otherwise
+        inflate every speedup shown for this pair; the minimum can only make
+        them conservative.
+        """
+        if self._target_token_s is None:
+            import time
+
+            with self.lock:
+                keep = len(self.target.cached_tokens)
+                token = self.target.bos if self.target.bos >= 0 else 0
+                if keep + samples + 1 > self.target.context_size:
+                    self.target.truncate(0)  # no room after the cache: measure on an empty one
+                    keep = 0
+                times = []
+                try:
+                    self.target.extend([token], 1)  # warm-up
+                    for _ in range(samples):
+                        started = time.perf_counter()
+                        self.target.extend([token], 1)
+                        times.append(time.perf_counter() - started)
+                finally:
+                    self.target.truncate(keep)
+            self._target_token_s = min(times)
+        return self._target_token_s
+
     # ------------------------------------------------------------------
     def invariance(self, measure: bool = True) -> InvarianceReport | None:
         """Is the target batch-invariant on this build? Cached per file, setting and build."""
@@ -150,9 +184,8 @@ class Engine:
         report = load_cached(self.target_path, settings, build)
         if report is None and measure:
             with self.lock:
-                probe = self.target.tokenize(PROBE_TEXT, add_special=True, parse_special=False)
-                report = measure_batch_invariance(self.target, probe[:-PROBE_BATCH], probe[-PROBE_BATCH:])
-                report = replace(report, model=self.target.name)
+                probe = probe_tokens(lambda text: self.target.tokenize(text, add_special=True, parse_special=False))
+                report = measure_batch_invariance(self.target, probe)
             save_cached(self.target_path, settings, build, report)
         self._invariance = report
         return report

@@ -21,6 +21,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .adaptive import AdaptiveK
 from .drafters import Drafter
 from .errors import ConfigError, PromptTooLongError
 from .events import (
@@ -52,6 +53,8 @@ class GenerationOptions:
     request_key: int = 0  # separates invariant-mode noise of different requests with one seed
     stop: Sequence[str] = ()
     detail_top: int = 0  # record the top-N of p and q of every verified row (UI, traces)
+    adaptive: bool = False  # choose K per step (localspec.adaptive); draft_tokens is then the upper bound
+    min_draft_tokens: int = 1  # lower bound of the adaptive K
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -59,6 +62,11 @@ class GenerationOptions:
         if not 0 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
             raise ConfigError(
                 f"draft_tokens (K) = {self.draft_tokens} is out of range; allowed: 0 to {MAX_DRAFT_TOKENS}"
+            )
+        if self.adaptive and not 0 <= self.min_draft_tokens <= self.draft_tokens:
+            raise ConfigError(
+                f"min_draft_tokens = {self.min_draft_tokens} is out of range; allowed: 0 to draft_tokens "
+                f"({self.draft_tokens})"
             )
         if self.detail_top < 0:
             raise ConfigError(f"detail_top = {self.detail_top} is out of range; allowed: 0 or more")
@@ -82,6 +90,17 @@ class SpeculativeDecoder:
         self.drafter = drafter
         draft_vocab = getattr(getattr(drafter, "model", None), "vocab_size", 0)
         self.vocab_size = max(target.vocab_size, draft_vocab)
+        self.controller: AdaptiveK | None = None  # the adaptive-K controller of the latest request
+        self._controllers: dict[tuple, AdaptiveK] = {}
+
+    def _controller(self, options: GenerationOptions, params: SamplingParams) -> AdaptiveK:
+        """The adaptive-K controller for these settings, kept across requests (chat turns) so a new
+        reply starts from the acceptance and costs measured so far instead of from the prior."""
+        key = (options.mode, params.temperature, options.min_draft_tokens, options.draft_tokens)
+        controller = self._controllers.get(key)
+        if controller is None:
+            controller = self._controllers[key] = AdaptiveK(options.min_draft_tokens, options.draft_tokens)
+        return controller
 
     # ------------------------------------------------------------------
     def run(
@@ -130,6 +149,8 @@ class SpeculativeDecoder:
         )
         reply = _Reply()
         text = ReplyText(self.vocab.token_bytes, options.stop)
+        controller = self._controller(options, params) if drafter is not None and options.adaptive else None
+        self.controller = controller  # inspectable after a run (bench, tests)
 
         started = time.perf_counter()
         stats.n_prompt_evaluated = sync_cache(self.target, context[:-1])
@@ -150,7 +171,8 @@ class SpeculativeDecoder:
             if room < 0:
                 stop_reason = "context_full"
                 break
-            k = min(options.draft_tokens, remaining - 1, room, draft_ctx - len(context) + 1) if drafter else 0
+            wanted = controller.choose() if controller is not None else options.draft_tokens
+            k = min(wanted, remaining - 1, room, draft_ctx - len(context) + 1) if drafter else 0
 
             step_start = time.perf_counter()
             draft_t0 = _decode_seconds(draft_model)
@@ -190,6 +212,8 @@ class SpeculativeDecoder:
             stats.draft_s += draft_s
             stats.verify_s += verify_s
             stats.other_s += other_s
+            if controller is not None:
+                controller.observe(len(draft.tokens), verdict.n_accepted, len(verdict.checks), draft_s, verify_s, other_s)
             yield StepEvent(
                 step=step, position=position, k=k, drafted=list(draft.tokens), n_accepted=verdict.n_accepted,
                 emitted=emitted, bonus=verdict.bonus and bool(draft.tokens), rows=rows,

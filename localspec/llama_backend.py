@@ -77,6 +77,23 @@ class _LlamaLog:
         return ""
 
 
+def _allow_amx_tiles() -> None:
+    """Ask Linux for the AMX tile state before ggml first touches it.
+
+    A build with ``-march=native`` on an AMX-capable Xeon compiles ggml's AMX
+    matmul; Linux only lets a process execute tile instructions after
+    ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``, and without it the
+    first quantized matmul dies with SIGILL (seen on this project's machines).
+    Harmless elsewhere: the call fails quietly where AMX does not exist.
+    """
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        return
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall(158, 0x1023, 18)  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+
+
+_allow_amx_tiles()
 _LOG = _LlamaLog()
 C.llama_backend_init()
 
@@ -84,6 +101,22 @@ C.llama_backend_init()
 def system_info() -> str:
     """llama.cpp's feature line, e.g. ``CPU : AVX2 = 1 | ... | LLAMAFILE = 1``."""
     return C.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def extra_buffers_enabled() -> bool:
+    """Whether llama.cpp may put weights in its "extra" CPU buffer types (AMX tiles, repacked layouts).
+
+    A build compiled with AMX (``-march=native`` on a Sapphire-Rapids-class CPU)
+    crashed here with SIGILL in ``tileloadd``/``tilezero`` as soon as a
+    quantized (Q4_0/Q4_1/Q8_0) model ran, under load: ggml configures the AMX
+    tiles once per thread and this VM does not keep that state across context
+    switches. So with an AMX build they are off unless ``LOCALSPEC_EXTRA_BUFFERS=1``
+    (F32/F16 models never use them; Q4_0 loses its repacked layout, Q4_1 has none).
+    """
+    value = os.environ.get("LOCALSPEC_EXTRA_BUFFERS", "").strip()
+    if value in ("0", "1"):
+        return value == "1"
+    return "AMX_INT8 = 1" not in system_info()
 
 
 def llama_cpp_version() -> str:
@@ -107,7 +140,7 @@ class LlamaSettings:
     n_batch: int = 512
     threads: int = 0
     n_gpu_layers: int = -1
-    flash_attention: bool = True
+    flash_attention: bool = False
 
     def resolved_threads(self) -> int:
         if self.threads > 0:
@@ -158,6 +191,7 @@ class LlamaModel:
 
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999_999
+        mparams.use_extra_bufts = extra_buffers_enabled()
         if on_progress is not None:
 
             def _progress(value: float, _user: ctypes.c_void_p) -> bool:
@@ -207,10 +241,11 @@ class LlamaModel:
                 + "; lower model.n_ctx or free memory"
             )
         self._memory = C.llama_get_memory(self._ctx)
-        self._n_ctx = int(C.llama_n_ctx(self._ctx))
+        self._n_ctx = int(C.llama_n_ctx(self._ctx))  # llama.cpp rounds up to a multiple of 256
+        self._n_batch = int(C.llama_n_batch(self._ctx))  # and caps the batch at the requested n_ctx
         self.n_ctx_train = n_ctx_train
         self.threads = threads
-        self._batch = C.llama_batch_init(settings.n_batch, 0, 1)
+        self._batch = C.llama_batch_init(self._n_batch, 0, 1)
         self._tokens: list[int] = []
         self._pieces: dict[int, bytes] = {}
         self._decode_s = 0.0
@@ -255,6 +290,7 @@ class LlamaModel:
 
     @property
     def decode_seconds(self) -> float:
+        """Seconds spent inside ``llama_decode`` and ``llama_memory_seq_rm`` (not logits copies or Python)."""
         return self._decode_s
 
     def extend(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
@@ -273,19 +309,18 @@ class LlamaModel:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.name} ({self._n_vocab})")
         out = np.empty((n_logits, self._n_vocab), dtype=np.float32)
         first_logit = n - n_logits
-        chunk = self.settings.n_batch
-        started = time.perf_counter()
+        chunk = self._n_batch
         with self._lock:
-            try:
-                for start in range(0, n, chunk):
-                    part = tokens[start : start + chunk]
-                    self._decode(part, start, first_logit)
-                    for j in range(max(start, first_logit), start + len(part)):
-                        ptr = C.llama_get_logits_ith(self._ctx, j - start)
-                        out[j - first_logit] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
-                    self._tokens.extend(part)
-            finally:
-                self._decode_s += time.perf_counter() - started
+            for start in range(0, n, chunk):
+                part = tokens[start : start + chunk]
+                self._decode(part, start, first_logit)
+                rows = start + len(part) - max(start, first_logit)
+                if rows > 0:
+                    # the requested rows are contiguous in llama.cpp's output buffer: one copy
+                    ptr = C.llama_get_logits_ith(self._ctx, max(start, first_logit) - start)
+                    dst = max(start, first_logit) - first_logit
+                    out[dst : dst + rows] = np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
+                self._tokens.extend(part)
         self.n_evaluated += n
         return out
 
@@ -299,7 +334,9 @@ class LlamaModel:
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
             batch.logits[i] = offset + i >= first_logit
+        started = time.perf_counter()
         code = C.llama_decode(self._ctx, batch)
+        self._decode_s += time.perf_counter() - started  # only llama.cpp's own time counts as decode time
         if code != 0:
             # llama.cpp restores the memory on failure; make sure we agree with it
             self._remove_from(pos0)
@@ -322,6 +359,10 @@ class LlamaModel:
                 "(this memory type cannot roll back); speculative decoding is impossible with this model"
             )
         del self._tokens[position:]
+
+    def kv_positions(self) -> tuple[int, int]:
+        """(lowest, highest) position llama.cpp holds for the sequence; (-1, -1) when empty."""
+        return int(C.llama_memory_seq_pos_min(self._memory, 0)), int(C.llama_memory_seq_pos_max(self._memory, 0))
 
     def reset(self) -> None:
         """Forget the whole cache."""
@@ -412,6 +453,67 @@ class LlamaModel:
     def vocab_texts(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, str]]:
         for token in range(start, self._n_vocab if stop is None else min(stop, self._n_vocab)):
             yield token, self.token_text(token)
+
+
+class ReferenceGenerator:
+    """llama-cpp-python's own high-level generation, as an outside reference for ``localspec bench``.
+
+    The same target file, threads and context, generated greedily through
+    ``llama_cpp.Llama.generate`` — alone, or with its built-in prompt-lookup
+    ``draft_model`` (``LlamaPromptLookupDecoding``), which is what a user of
+    llama-cpp-python gets without localspec. Lives here because this is the
+    only module that imports llama_cpp.
+    """
+
+    def __init__(self, path: str | Path, settings: LlamaSettings, num_pred_tokens: int = 10, max_ngram_size: int = 2) -> None:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self.lookup = LlamaPromptLookupDecoding(max_ngram_size=max_ngram_size, num_pred_tokens=num_pred_tokens)
+        threads = settings.resolved_threads()
+        original = C.llama_model_default_params
+
+        def params():  # same buffer-type choice as LlamaModel (see extra_buffers_enabled)
+            value = original()
+            value.use_extra_bufts = extra_buffers_enabled()
+            return value
+
+        C.llama_model_default_params = params
+        try:
+            # draft_model is given at construction (it turns on logits_all, as the library requires)
+            self.llm = Llama(
+                model_path=str(path), n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_threads=threads,
+                n_threads_batch=threads, n_gpu_layers=settings.n_gpu_layers, flash_attn=settings.flash_attention,
+                draft_model=self.lookup, verbose=False,
+            )  # fmt: skip
+        finally:
+            C.llama_model_default_params = original
+        self._vocab = C.llama_model_get_vocab(self.llm.model)
+
+    def generate(self, tokens: Sequence[int], max_tokens: int, prompt_lookup: bool) -> tuple[int, float]:
+        """Greedy generation; returns (tokens generated, seconds from the first to the last token).
+
+        Timing starts at the first token, so prompt evaluation is excluded as
+        in localspec's own decode rate; that token is not counted either.
+        """
+        self.llm.draft_model = self.lookup if prompt_lookup else None
+        n = 0
+        first = last = 0.0
+        for token in self.llm.generate(list(tokens), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            now = time.perf_counter()
+            if C.llama_vocab_is_eog(self._vocab, token):
+                break
+            n += 1
+            if n == 1:
+                first = now
+            last = now
+            if n >= max_tokens:
+                break
+        return max(n - 1, 0), last - first
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.llm.close()
 
 
 def first_token_mismatch(target: LlamaModel, draft: LlamaModel) -> tuple[int, str, str] | None:

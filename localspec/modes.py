@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .noise import NoiseTable
-from .sampling import SamplingParams, greedy_token, log_weights, probabilities, sample_index
+from .sampling import SamplingParams, greedy_token, log_weights, weights
 from .verify import (
     Verdict,
     verify_coupled,
@@ -33,8 +33,8 @@ class Draft:
     """A drafter's proposal for one step."""
 
     tokens: list[int] = field(default_factory=list)
-    # The distribution each token was sampled from, or None for a deterministic
-    # drafter (q is one-hot on the token).
+    # The distribution each token was sampled from (dense rows or unnormalised
+    # sampling.Weights), or None for a deterministic drafter (q one-hot on the token).
     q_rows: list[np.ndarray] | None = None
     # Raw draft logits per token (model drafters only), for traces and the UI.
     logits: list[np.ndarray] | None = None
@@ -89,9 +89,10 @@ class Mode:
         return list(context[-self.params.penalty_last_n :]) + list(draft[:i])
 
     def target_probs(self, target_logits: np.ndarray, context: Sequence[int], draft: Sequence[int]) -> LazyRows:
+        """Target rows as :class:`~localspec.sampling.Weights`, each computed only if a rule looks at it."""
         return LazyRows(
             target_logits.shape[0],
-            lambda i: probabilities(target_logits[i], self.params, self.history(context, draft, i), self.vocab_size),
+            lambda i: weights(target_logits[i], self.params, self.history(context, draft, i), self.vocab_size),
         )
 
 
@@ -101,8 +102,8 @@ class RejectionMode(Mode):
     name = "rejection"
 
     def pick_draft(self, logits, history, position):
-        q = probabilities(logits, self.params, history, self.vocab_size)
-        return sample_index(q, self.rng), q
+        q = weights(logits, self.params, history, self.vocab_size)  # unnormalised: normalised only on a rejection
+        return q.sample(self.rng), q
 
     def verify(self, draft, target_logits, context):
         p_rows = self.target_probs(target_logits, context, draft.tokens)

@@ -6,6 +6,10 @@ is random, the RNG. Rows are anything indexable by position, so callers may
 pass lazy sequences that compute a row only when the rule looks at it (greedy
 needs no softmax at all; rejection never looks past the first rejection).
 
+Rows may be dense probability arrays or :class:`~localspec.sampling.Weights`
+(unnormalised, the hot path): a rule reads single probabilities, and builds
+full normalised rows only for the residual after a rejection.
+
 Every function returns a :class:`Verdict` with the number of accepted draft
 tokens, the one token the target emits after them (correction or bonus), and
 one :class:`DraftCheck` per examined draft token for traces and the UI.
@@ -18,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import sample_index
+from .sampling import dense_of, draw, prob_of
 
 
 @dataclass
@@ -62,8 +66,8 @@ def verify_rejection(
     for i, token in enumerate(draft):
         p_row = p_rows[i]
         q_row = q_rows[i]
-        p_tok = float(p_row[token])
-        q_tok = float(q_row[token])
+        p_tok = prob_of(p_row, token)
+        q_tok = prob_of(q_row, token)
         if q_tok <= 0.0:
             raise ValueError(f"draft token {token} has q = 0 at draft position {i}: it cannot have been sampled from q")
         accept_prob = min(1.0, p_tok / q_tok)
@@ -71,10 +75,11 @@ def verify_rejection(
         accepted = u < accept_prob
         checks.append(DraftCheck(token, p_tok, q_tok, accept_prob, u, accepted))
         if not accepted:
-            residual = np.maximum(p_row - q_row, 0.0)
+            residual = np.subtract(dense_of(p_row), dense_of(q_row))  # full rows only on a rejection
+            np.maximum(residual, 0.0, out=residual)
             mass = float(residual.sum())
-            return Verdict(i, sample_index(residual, rng), False, checks, residual_mass=mass)
-    return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
+            return Verdict(i, draw(residual, rng), False, checks, residual_mass=mass)
+    return Verdict(len(draft), draw(p_rows[len(draft)], rng), True, checks)
 
 
 def verify_onehot(
@@ -91,15 +96,15 @@ def verify_onehot(
     checks: list[DraftCheck] = []
     for i, token in enumerate(draft):
         p_row = p_rows[i]
-        p_tok = float(p_row[token])
+        p_tok = prob_of(p_row, token)
         u = float(rng.random())
         accepted = u < p_tok
         checks.append(DraftCheck(token, p_tok, 1.0, p_tok, u, accepted))
         if not accepted:
-            residual = p_row.copy()
+            residual = np.array(dense_of(p_row), dtype=np.float64)  # a copy: rows may be shared
             residual[token] = 0.0
-            return Verdict(i, sample_index(residual, rng), False, checks, residual_mass=1.0 - p_tok)
-    return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
+            return Verdict(i, draw(residual, rng), False, checks, residual_mass=1.0 - p_tok)
+    return Verdict(len(draft), draw(p_rows[len(draft)], rng), True, checks)
 
 
 def verify_greedy(draft: Sequence[int], target_argmax: Sequence[int]) -> Verdict:
@@ -145,12 +150,13 @@ def verify_token_match(
     checks: list[DraftCheck] = []
     for i, token in enumerate(draft):
         p_row = p_rows[i]
-        pick = sample_index(p_row, rng)
+        pick = draw(p_row, rng)
         accepted = pick == token
-        checks.append(DraftCheck(token, float(p_row[token]), float("nan"), float(p_row[token]), None, accepted, pick))
+        p_tok = prob_of(p_row, token)
+        checks.append(DraftCheck(token, p_tok, float("nan"), p_tok, None, accepted, pick))
         if not accepted:
             return Verdict(i, pick, False, checks)
-    return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
+    return Verdict(len(draft), draw(p_rows[len(draft)], rng), True, checks)
 
 
 def acceptance_rate(p: np.ndarray, q: np.ndarray) -> float:

@@ -1,0 +1,24 @@
+"""``python -m localspec.bench sampler [...]`` or ``python -m localspec.bench run [...]``."""
+
+import sys
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: python -m localspec.bench sampler [--repeats N] [--vocab V] [-k K] [--mode M]")
+        print("       python -m localspec.bench run [...]   (same as `localspec bench`)")
+        return 0
+    if args[0] == "sampler":
+        from .sampler import main as sampler_main
+
+        return sampler_main(args[1:])
+    if args[0] == "run":
+        from ..cli import main as cli_main
+
+        return cli_main(["bench", *args[1:]])
+    print(f"unknown benchmark {args[0]!r}; use 'sampler' or 'run'", file=sys.stderr)
+    return 2
+
+
+sys.exit(main())

@@ -1,0 +1,434 @@
+"""``localspec bench``: end-to-end tokens per second of every speculative variant on the configured pair.
+
+Why it is built this way:
+
+* **Same run, same machine state.** Speedups are ratios to the target-only
+  variant measured *in the same run*, per prompt and repeat, and the variants
+  are interleaved (A B C … A B C …) so a background process or thermal drift
+  hits all of them alike. Medians with min–max, never means.
+* **Decode only.** Prompt evaluation is identical for every variant (and
+  cached across runs), so rates count generated tokens over the loop's
+  draft + verify + other seconds.
+* **The model of DESIGN §7 next to the measurement.** For every run the
+  predicted speedup is ``sum_steps E[tokens](alpha, k_step) * t_target /
+  decode seconds`` from that run's own acceptance and costs; measured /
+  predicted near 1 says the time went where the model says it goes.
+* **An outside reference.** ``--reference`` also times llama-cpp-python's own
+  high-level generation, alone and with its prompt-lookup ``draft_model``,
+  on the same target and prompts.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import yaml
+
+from ..drafters import NgramDrafter
+from ..errors import ConfigError
+from ..events import GenerationResult, StepEvent
+from ..generation import MAX_DRAFT_TOKENS, GenerationOptions, SpeculativeDecoder
+from ..perf import expected_tokens_per_step, speedup_verdict
+
+PROMPTS_FILE = Path(__file__).with_name("prompts.yaml")
+REFERENCE_TARGET = "llama-cpp-python"
+REFERENCE_LOOKUP = "llama-cpp-python-lookup"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of generating that the benchmark times."""
+
+    name: str
+    label: str
+    mode: str
+    temperature: float
+    drafter: str  # "model", "ngram", "none", or "reference"
+    adaptive: bool = False
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("target-only", "target only (T=0)", "target-only", 0.0, "none"),
+        Variant("greedy", "speculative greedy (T=0)", "greedy", 0.0, "model"),
+        Variant("rejection", "rejection T=0.7", "rejection", 0.7, "model"),
+        Variant("invariant", "invariant T=0.7", "invariant", 0.7, "model"),
+        Variant("token-match", "token-match T=0.7", "token-match", 0.7, "model"),
+        Variant("prompt-lookup", "prompt lookup, no draft model (T=0)", "greedy", 0.0, "ngram"),
+        Variant("adaptive", "rejection T=0.7, adaptive K", "rejection", 0.7, "model", adaptive=True),
+    )
+}
+REFERENCE_VARIANTS = {
+    REFERENCE_TARGET: Variant(REFERENCE_TARGET, "llama-cpp-python, target only (T=0)", "target-only", 0.0, "reference"),
+    REFERENCE_LOOKUP: Variant(REFERENCE_LOOKUP, "llama-cpp-python prompt lookup (T=0)", "greedy", 0.0, "reference"),
+}
+
+
+@dataclass
+class BenchSettings:
+    """What ``localspec bench`` runs."""
+
+    variants: Sequence[str] = tuple(VARIANTS)
+    prompts: Sequence[str] | None = None  # names from prompts.yaml; None = all
+    repeats: int = 3
+    max_tokens: int = 128
+    draft_tokens: int = 4  # K of the fixed-K variants
+    max_draft_tokens: int = 8  # upper bound of the adaptive variant
+    min_draft_tokens: int = 1
+    temperature: float | None = None  # overrides the T of the sampling variants
+    reference: bool = False
+    warmup_tokens: int = 16
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        unknown = [v for v in self.variants if v not in VARIANTS]
+        if unknown:
+            raise ConfigError(f"unknown bench variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
+        if self.repeats < 1:
+            raise ConfigError(f"--repeats = {self.repeats} is out of range; allowed: 1 or more")
+        if self.max_tokens < 2:
+            raise ConfigError(f"--max-tokens = {self.max_tokens} is out of range; allowed: 2 or more")
+        for name, value in (("--draft-tokens", self.draft_tokens), ("--max-k", self.max_draft_tokens)):
+            if not 1 <= value <= MAX_DRAFT_TOKENS:
+                raise ConfigError(f"{name} = {value} is out of range; allowed: 1 to {MAX_DRAFT_TOKENS}")
+        if not 0 <= self.min_draft_tokens <= self.max_draft_tokens:
+            raise ConfigError(
+                f"min_draft_tokens = {self.min_draft_tokens} is out of range; allowed: 0 to --max-k ({self.max_draft_tokens})"
+            )
+
+    def all_variants(self) -> list[Variant]:
+        chosen = [VARIANTS[v] for v in self.variants]
+        if not any(v.name == "target-only" for v in chosen):
+            chosen.insert(0, VARIANTS["target-only"])  # every speedup needs its baseline
+        if self.temperature is not None:
+            chosen = [replace(v, temperature=self.temperature) if v.temperature > 0 else v for v in chosen]
+        if self.reference:
+            chosen += list(REFERENCE_VARIANTS.values())
+        return chosen
+
+
+def load_prompts(names: Sequence[str] | None = None, path: Path = PROMPTS_FILE) -> list[dict[str, str]]:
+    """The fixed prompt set (``name`` and ``prompt``), optionally a subset by name."""
+    prompts = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if names:
+        known = {p["name"] for p in prompts}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ConfigError(f"unknown bench prompt {unknown[0]!r}; choose from {', '.join(sorted(known))}")
+        prompts = [p for p in prompts if p["name"] in names]
+    return prompts
+
+
+# ----------------------------------------------------------------------
+@dataclass
+class Run:
+    """One timed generation."""
+
+    variant: str
+    prompt: str
+    repeat: int
+    n_tokens: int
+    decode_s: float
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    alpha: float = 0.0
+    acceptance_rate: float = 0.0
+    mean_k: float = 0.0
+    expected_tokens: float = 0.0  # sum over steps of E[tokens](alpha, k_step), DESIGN §7
+    stop_reason: str = ""
+    speedup: float | None = None
+    predicted_speedup: float | None = None
+    reference_speedup: float | None = None  # llama-cpp-python lookup over llama-cpp-python alone
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.n_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.n_tokens / self.steps if self.steps else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        out = asdict(self)
+        out.update(tokens_per_second=self.tokens_per_second, tokens_per_step=self.tokens_per_step)
+        return out
+
+
+class Bench:
+    """Owns the decoders of every variant on one loaded :class:`~localspec.engine.Engine`."""
+
+    def __init__(self, engine, settings: BenchSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.variants = settings.all_variants()
+        if any(v.drafter == "model" for v in self.variants) and engine.draft_model is None:
+            raise ConfigError(
+                f"the draft-model variants need a draft model, but model.draft is {engine.config.model.draft!r}; "
+                "pass --draft PATH.gguf or choose --variants target-only,prompt-lookup"
+            )
+        self.model_decoder = engine.decoder
+        self.ngram_decoder = SpeculativeDecoder(
+            engine.target, engine.target, NgramDrafter(max_ngram=engine.config.speculative.ngram_max)
+        )
+        self.reference = None
+        if settings.reference:
+            from ..llama_backend import ReferenceGenerator
+
+            self.reference = ReferenceGenerator(engine.target_path, engine.settings, num_pred_tokens=10)
+        self.base_params = engine.config.sampling.params()
+
+    def close(self) -> None:
+        if self.reference is not None:
+            self.reference.close()
+
+    def prompt_tokens(self, text: str) -> list[int]:
+        from ..chat import build_messages
+
+        if self.engine.template is not None and self.engine.config.chat.chat_template:
+            return self.engine.encode_chat(build_messages(self.engine.config.chat.system_prompt, [], text)).tokens
+        return self.engine.encode_raw(text).tokens
+
+    def run_one(self, variant: Variant, prompt: str, tokens: list[int], repeat: int, max_tokens: int) -> Run:
+        """Generate once with ``variant`` and return its counters and timings."""
+        if variant.drafter == "reference":
+            n, seconds = self.reference.generate(tokens, max_tokens, prompt_lookup=variant.name == REFERENCE_LOOKUP)
+            return Run(variant.name, prompt, repeat, n, seconds, stop_reason="reference")
+        s = self.settings
+        options = GenerationOptions(
+            mode=variant.mode,
+            max_tokens=max_tokens,
+            draft_tokens=s.max_draft_tokens if variant.adaptive else s.draft_tokens,
+            seed=s.seed + repeat,
+            adaptive=variant.adaptive,
+            min_draft_tokens=s.min_draft_tokens,
+        )
+        params = replace(self.base_params, temperature=variant.temperature)
+        decoder = self.ngram_decoder if variant.drafter == "ngram" else self.model_decoder
+        ks: list[int] = []
+        result: GenerationResult | None = None
+        with self.engine.lock:
+            for event in decoder.stream(tokens, params, options):
+                if isinstance(event, StepEvent):
+                    ks.append(len(event.drafted))
+                elif isinstance(event, GenerationResult):
+                    result = event
+        assert result is not None
+        st = result.stats
+        alpha = st.alpha
+        return Run(
+            variant.name, prompt, repeat, st.n_tokens, st.decode_s, st.draft_s, st.verify_s, st.other_s,
+            st.steps, st.drafted, st.accepted, alpha, st.acceptance_rate,
+            statistics.fmean(ks) if ks else 0.0,
+            sum(expected_tokens_per_step(alpha, k) for k in ks),
+            result.stop_reason,
+        )  # fmt: skip
+
+
+def run_bench(engine, settings: BenchSettings, progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+    """Warm up, run every (repeat, prompt, variant) interleaved, and summarise. Returns the JSON report."""
+    bench = Bench(engine, settings)
+    try:
+        prompts = load_prompts(settings.prompts)
+        tokens = {p["name"]: bench.prompt_tokens(p["prompt"]) for p in prompts}
+        variants = bench.variants
+        total = len(variants) + settings.repeats * len(prompts) * len(variants)
+        done = 0
+        started = time.perf_counter()
+        first = prompts[0]["name"]
+        for variant in variants:  # warm-up: caches, thread pools, page faults
+            if progress:
+                progress(f"warm-up {variant.name}", done, total)
+            bench.run_one(variant, first, tokens[first], -1, min(settings.warmup_tokens, settings.max_tokens))
+            done += 1
+        runs: list[Run] = []
+        for repeat in range(settings.repeats):
+            for prompt in prompts:
+                name = prompt["name"]
+                for variant in variants:
+                    if progress:
+                        progress(f"{variant.name} · {name} · {repeat + 1}/{settings.repeats}", done, total)
+                    runs.append(bench.run_one(variant, name, tokens[name], repeat, settings.max_tokens))
+                    done += 1
+        if progress:
+            progress("done", total, total)
+        _attach_speedups(runs)
+        return _report(engine, settings, variants, prompts, tokens, runs, time.perf_counter() - started)
+    finally:
+        bench.close()
+
+
+def _attach_speedups(runs: list[Run]) -> None:
+    """Speedup of every run over the target-only run of the same prompt and repeat (and its prediction)."""
+    base = {(r.prompt, r.repeat): r for r in runs if r.variant == "target-only"}
+    ref_base = {(r.prompt, r.repeat): r for r in runs if r.variant == REFERENCE_TARGET}
+    for run in runs:
+        baseline = base.get((run.prompt, run.repeat))
+        if baseline is None or baseline.tokens_per_second <= 0:
+            continue
+        run.speedup = run.tokens_per_second / baseline.tokens_per_second
+        t_target = baseline.decode_s / baseline.n_tokens
+        if run.steps and run.decode_s > 0:
+            run.predicted_speedup = run.expected_tokens * t_target / run.decode_s
+        elif run.variant == REFERENCE_LOOKUP and (run.prompt, run.repeat) in ref_base:
+            ref = ref_base[(run.prompt, run.repeat)]
+            run.reference_speedup = run.tokens_per_second / ref.tokens_per_second if ref.tokens_per_second else None
+
+
+def _stat(values: list[float]) -> dict[str, float] | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _report(engine, settings, variants, prompts, tokens, runs: list[Run], seconds: float) -> dict[str, Any]:
+    rows = []
+    for variant in variants:
+        mine = [r for r in runs if r.variant == variant.name]
+        decode = sum(r.decode_s for r in mine)
+        ratios = [r.speedup / r.predicted_speedup for r in mine if r.speedup and r.predicted_speedup]
+        row = {
+            "name": variant.name,
+            "label": variant.label,
+            "mode": variant.mode,
+            "temperature": variant.temperature,
+            "drafter": variant.drafter,
+            "adaptive": variant.adaptive,
+            "k": (settings.max_draft_tokens if variant.adaptive else settings.draft_tokens)
+            if variant.drafter in ("model", "ngram") else 0,
+            "runs": len(mine),
+            "tokens": sum(r.n_tokens for r in mine),
+            "tokens_per_second": _stat([r.tokens_per_second for r in mine]),
+            "speedup": _stat([r.speedup for r in mine]),
+            "acceptance_rate": _stat([r.acceptance_rate for r in mine if r.drafted]),
+            "alpha": _stat([r.alpha for r in mine if r.drafted]),
+            "tokens_per_step": _stat([r.tokens_per_step for r in mine if r.steps]),
+            "mean_k": _stat([r.mean_k for r in mine if r.steps]),
+            "time_split": {
+                "draft": sum(r.draft_s for r in mine) / decode if decode else 0.0,
+                "verify": sum(r.verify_s for r in mine) / decode if decode else 0.0,
+                "other": sum(r.other_s for r in mine) / decode if decode else 0.0,
+            }
+            if variant.drafter != "reference"
+            else None,
+            "predicted_speedup": _stat([r.predicted_speedup for r in mine]),
+            "measured_over_predicted": _stat(ratios),
+        }
+        if variant.name == REFERENCE_LOOKUP:
+            row["speedup_over_own_target_only"] = _stat([r.reference_speedup for r in mine])
+        if row["speedup"]:
+            row["verdict"] = speedup_verdict(row["speedup"]["median"], (row["predicted_speedup"] or {}).get("median"))
+        rows.append(row)
+    target, draft = engine.target, engine.draft_model
+    return {
+        "pair": {
+            "target": target.name,
+            "draft": draft.name if draft is not None else engine.config.model.draft,
+            "threads": target.threads,
+            "n_ctx": target.context_size,
+            "flash_attention": engine.settings.flash_attention,
+        },
+        "build": {"llama_cpp_python": engine.backend.llama_cpp_version(), "system": engine.backend.system_info()},
+        "settings": {
+            "repeats": settings.repeats,
+            "max_tokens": settings.max_tokens,
+            "draft_tokens": settings.draft_tokens,
+            "adaptive_range": [settings.min_draft_tokens, settings.max_draft_tokens],
+            "prompts": [{"name": p["name"], "tokens": len(tokens[p["name"]])} for p in prompts],
+            "order": "interleaved: for each repeat, for each prompt, every variant in turn",
+        },
+        "variants": rows,
+        "runs": [r.to_dict() for r in runs],
+        "seconds": seconds,
+    }
+
+
+# ----------------------------------------------------------------------
+def render_table(report: dict[str, Any]) -> str:
+    """The README table (markdown): medians with min–max."""
+
+    def rng(stat, fmt="{:.2f}", suffix=""):
+        if not stat:
+            return "–"
+        return f"{fmt.format(stat['median'])}{suffix} ({fmt.format(stat['min'])}–{fmt.format(stat['max'])})"
+
+    lines = [
+        "| variant | tok/s | speedup | acceptance | tokens/step | mean K | draft / verify / other | predicted | measured/predicted |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for row in report["variants"]:
+        split = row["time_split"]
+        split_text = (
+            f"{split['draft']:.0%} / {split['verify']:.0%} / {split['other']:.1%}" if split else "–"
+        )
+        lines.append(
+            f"| {row['label']} | {rng(row['tokens_per_second'], '{:.1f}')} | {rng(row['speedup'], '{:.2f}', '×')} | "
+            f"{rng(row['acceptance_rate'])} | {rng(row['tokens_per_step'])} | "
+            f"{(row['mean_k'] or {}).get('median', 0):.1f} | {split_text} | "
+            f"{rng(row['predicted_speedup'], '{:.2f}', '×')} | {rng(row['measured_over_predicted'], '{:.0%}')} |"
+        )
+    pair = report["pair"]
+    settings = report["settings"]
+    lines.append("")
+    lines.append(
+        f"{pair['target']} + {pair['draft']}, {pair['threads']} threads, {settings['max_tokens']} tokens × "
+        f"{len(settings['prompts'])} prompts × {settings['repeats']} repeats, K = {settings['draft_tokens']} "
+        f"(adaptive {settings['adaptive_range'][0]}–{settings['adaptive_range'][1]}); "
+        f"speedup = tok/s over target-only of the same prompt and repeat."
+    )
+    return "\n".join(lines)
+
+
+def write_plot(report: dict[str, Any], path: str | Path) -> Path:
+    """A PNG: speedup per variant (median, min–max bars) and the draft / verify / other split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["variants"] if r["speedup"]]
+    labels = [r["name"] for r in rows]
+    med = [r["speedup"]["median"] for r in rows]
+    lo = [r["speedup"]["median"] - r["speedup"]["min"] for r in rows]
+    hi = [r["speedup"]["max"] - r["speedup"]["median"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    colors = ["#888888" if r["drafter"] in ("none", "reference") else "#2e7d32" for r in rows]
+    ax1.bar(labels, med, yerr=[lo, hi], color=colors, capsize=4)
+    pred = [(r["predicted_speedup"] or {}).get("median") for r in rows]
+    xs = [i for i, p in enumerate(pred) if p]
+    ax1.scatter(xs, [pred[i] for i in xs], marker="_", s=400, color="#1565c0", zorder=3, label="predicted (DESIGN §7)")
+    ax1.axhline(1.0, color="black", linewidth=0.8)
+    ax1.set_ylabel("speedup over target-only (median, min–max)")
+    ax1.set_title("tokens/s relative to the target alone")
+    ax1.legend(loc="lower right", fontsize=8)
+    ax1.tick_params(axis="x", rotation=35)
+    split_rows = [r for r in rows if r["time_split"]]
+    names = [r["name"] for r in split_rows]
+    bottom = [0.0] * len(split_rows)
+    for key, color in (("draft", "#2e7d32"), ("verify", "#1565c0"), ("other", "#ef6c00")):
+        values = [r["time_split"][key] for r in split_rows]
+        ax2.bar(names, values, bottom=bottom, color=color, label=key)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax2.set_ylabel("share of decode time")
+    ax2.set_title("where the time goes (draft decode / target verify / everything else)")
+    ax2.legend(fontsize=8)
+    ax2.tick_params(axis="x", rotation=35)
+    pair = report["pair"]
+    fig.suptitle(f"{pair['target']} + {pair['draft']} · {pair['threads']} threads · {report['settings']['max_tokens']} tokens")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out.resolve()

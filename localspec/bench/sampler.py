@@ -1,0 +1,102 @@
+"""Microbenchmark of one verification step, without any model.
+
+For each vocabulary size, K and mode it times ``mode.verify`` on synthetic
+logits shaped like a real pair's (target rows plus a draft that agrees with
+it most of the time), i.e. everything the orchestrator does between the
+target's ``llama_decode`` and the next draft: the transform of the target
+rows it needs, the acceptance tests, and the correction or bonus draw.
+Drafting costs (the q rows) are measured separately, per drafted token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..modes import Draft, make_mode
+from ..sampling import SamplingParams
+
+VOCABS = (49_152, 151_936, 262_144)
+KS = (4, 8)
+MODES = ("rejection", "greedy", "invariant", "token-match")
+
+
+@dataclass
+class Row:
+    vocab: int
+    k: int
+    mode: str
+    verify_us: float
+    draft_pick_us: float
+    accepted: float
+
+
+def synthetic_rows(vocab: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Target and draft logits (float32) with a realistic shape: a peaked head and a long tail."""
+    base = rng.standard_normal((k + 1, vocab)).astype(np.float32) * 2.5
+    heads = rng.integers(0, vocab, size=(k + 1, 8))
+    for i in range(k + 1):
+        base[i, heads[i]] += np.linspace(14, 6, 8, dtype=np.float32)
+    draft = base[:k] + rng.standard_normal((k, vocab)).astype(np.float32) * 0.3
+    return base, draft
+
+
+def measure(vocab: int, k: int, mode_name: str, repeats: int, temperature: float = 0.7) -> Row:
+    rng = np.random.default_rng(vocab + k)
+    target_logits, draft_logits = synthetic_rows(vocab, k, rng)
+    params = SamplingParams(temperature=0.0 if mode_name == "greedy" else temperature)
+    context = list(rng.integers(0, vocab, size=64))
+    verify_times, pick_times, accepted = [], [], []
+    for r in range(repeats):
+        mode = make_mode(mode_name, params, np.random.default_rng(r), vocab, seed=r)
+        draft = Draft(tokens=[], q_rows=[])
+        t0 = time.perf_counter()
+        for i in range(k):
+            token, q = mode.pick_draft(draft_logits[i], [], len(context) + i)
+            draft.tokens.append(token)
+            if q is None:
+                draft.q_rows = None
+            elif draft.q_rows is not None:
+                draft.q_rows.append(q)
+        t1 = time.perf_counter()
+        verdict = mode.verify(draft, target_logits, context)
+        t2 = time.perf_counter()
+        pick_times.append((t1 - t0) / k)
+        verify_times.append(t2 - t1)
+        accepted.append(verdict.n_accepted)
+    return Row(vocab, k, mode_name, statistics.median(verify_times) * 1e6,
+               statistics.median(pick_times) * 1e6, float(np.mean(accepted)))  # fmt: skip
+
+
+def run(vocabs=VOCABS, ks=KS, modes=MODES, repeats: int = 30) -> list[Row]:
+    return [measure(v, k, m, repeats) for v in vocabs for k in ks for m in modes]
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| V | K | mode | verify step (µs, median) | draft pick per token (µs) | mean accepted |",
+        "|---:|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r.vocab:,} | {r.k} | {r.mode} | {r.verify_us:,.0f} | {r.draft_pick_us:,.0f} | {r.accepted:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m localspec.bench sampler", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=30, help="timed verification steps per cell")
+    parser.add_argument("--vocab", type=int, action="append", help="vocabulary size (repeatable)")
+    parser.add_argument("-k", type=int, action="append", help="draft tokens (repeatable)")
+    parser.add_argument("--mode", action="append", choices=MODES, help="mode (repeatable)")
+    args = parser.parse_args(argv)
+    rows = run(tuple(args.vocab or VOCABS), tuple(args.k or KS), tuple(args.mode or MODES), args.repeats)
+    print(table(rows))
+    target = next((r for r in rows if r.vocab == 49_152 and r.k == 4 and r.mode == "rejection"), None)
+    if target is not None:
+        verdict = "meets" if target.verify_us <= 1000 else "MISSES"
+        print(f"\nrejection, V=49,152, K=4: {target.verify_us:,.0f} µs per verification step — {verdict} the 1 ms target")
+    return 0

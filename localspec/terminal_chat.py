@@ -1,0 +1,464 @@
+"""`localspec chat`: a multi-turn terminal conversation that shows every token's fate as it streams.
+
+Each turn renders the whole conversation with the model's chat template; the
+generation loop's cache sync then evaluates only the tokens that are new since
+the previous turn, so a long chat costs no more per turn than its new text.
+The conversation keeps bare text only: colours and markers are display, never
+prompt (DESIGN §8). Ctrl-C during a reply stops it after the current step and
+keeps what was written; Ctrl-C or Ctrl-D at the prompt leaves.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import closing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from .chat import Message, build_messages
+from .config import Config
+from .errors import ConfigError, LocalspecError
+from .events import GenerationResult, StepEvent, TokenEvent
+from .term_render import TokenStyle
+from .trace import TraceWriter
+
+PROMPT = "you> "
+
+
+@dataclass
+class Turn:
+    """One exchange, with every event of the reply (kept for /stats and /save)."""
+
+    user: str
+    reply: str
+    prompt_text: str
+    n_prompt: int
+    options: dict[str, Any]
+    events: list[TokenEvent | StepEvent] = field(default_factory=list)
+    result: GenerationResult | None = None
+
+
+# ----------------------------------------------------------------------
+# input
+class LineReader:
+    """Reads one line; raises EOFError (Ctrl-D / end of input) or KeyboardInterrupt (Ctrl-C)."""
+
+    def read(self, prompt: str) -> str:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class TerminalReader(LineReader):
+    """prompt_toolkit: line editing, Up/Down history kept across sessions, Esc-Enter for a new line."""
+
+    def __init__(self, history_path: Path | None, colour: bool) -> None:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.history import FileHistory, InMemoryHistory
+        from prompt_toolkit.key_binding import KeyBindings
+
+        history = InMemoryHistory()
+        if history_path is not None:
+            try:
+                history_path.parent.mkdir(parents=True, exist_ok=True)
+                history_path.touch(exist_ok=True)
+                history = FileHistory(str(history_path))
+            except OSError:
+                pass  # a read-only home still gets in-memory history
+        bindings = KeyBindings()
+
+        @bindings.add("escape", "enter")
+        def _newline(event) -> None:  # noqa: ANN001
+            event.current_buffer.insert_text("\n")
+
+        self._session = PromptSession(history=history, key_bindings=bindings, enable_history_search=True)
+        self._colour = colour
+
+    def read(self, prompt: str) -> str:
+        message: Any = [("bold", prompt)] if self._colour else prompt
+        return self._session.prompt(message)
+
+
+class PlainReader(LineReader):
+    """Standard input that is not a terminal (a pipe, a file): one message per line."""
+
+    def __init__(self, chrome: TextIO, echo: bool) -> None:
+        self._chrome = chrome
+        self._echo = echo
+
+    def read(self, prompt: str) -> str:
+        self._chrome.write(prompt)
+        self._chrome.flush()
+        line = sys.stdin.readline()
+        if not line:
+            self._chrome.write("\n")
+            raise EOFError
+        line = line.rstrip("\n")
+        if self._echo:
+            self._chrome.write(line + "\n")
+        return line
+
+
+def history_file() -> Path:
+    root = os.environ.get("LOCALSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "localspec")
+    return Path(root) / "chat_history"
+
+
+# ----------------------------------------------------------------------
+HELP = """commands:
+  /help              this list
+  /reset             forget the conversation (and its /stats)
+  /system [TEXT]     show or set the system prompt (/system default = the template's own)
+  /mode [NAME]       rejection, greedy, invariant, token-match or target-only
+  /temp [T]          sampling temperature (0 = greedy)
+  /k [N]             draft tokens per step
+  /seed [S]          random seed (-1 = a fresh one per reply)
+  /max [N]           most tokens per reply
+  /markers           toggle the [corrected] / {bonus} text markers
+  /stats             acceptance by draft position for the conversation so far
+  /save [FILE]       write the conversation and its trace as JSONL
+  /quit              leave (also Ctrl-D, or Ctrl-C at the prompt)
+Ctrl-C during a reply stops it and keeps the partial text. Esc then Enter inserts a new line.
+Start a message with // to send text that begins with /."""
+
+# command -> (dotted config key, parser, label)
+SETTINGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
+    "/mode": ("speculative.mode", str, "mode"),
+    "/temp": ("sampling.temperature", float, "temperature"),
+    "/k": ("speculative.draft_tokens", int, "K"),
+    "/seed": ("sampling.seed", int, "seed"),
+    "/max": ("sampling.max_tokens", int, "max tokens"),
+}
+
+
+class ChatSession:
+    """The REPL: reads lines, runs slash commands, streams replies, keeps the conversation."""
+
+    def __init__(self, engine, config: Config, style: TokenStyle, reader: LineReader,
+                 out: TextIO | None = None, chrome: TextIO | None = None) -> None:  # fmt: skip
+        self.engine = engine
+        self.config = config
+        self.style = style
+        self.reader = reader
+        self.out = out or sys.stdout
+        self.chrome = chrome or self.out  # banner, stats and notes
+        self.system = config.chat.system_prompt
+        self.turns: list[Turn] = []
+        self.dropped = 0  # oldest turns left out of the prompt because the context is full
+        self._t_target: float | None = None
+        self._warned: set[tuple[str, bool]] = set()
+
+    # -- output helpers ---------------------------------------------------
+    def say(self, text: str = "") -> None:
+        self.chrome.write(text + "\n")
+        self.chrome.flush()
+
+    def note(self, text: str) -> None:
+        self.say(self.style.dim(text))
+
+    def problem(self, text: str) -> None:
+        self.say(self.style.error(text))
+
+    def settings_line(self) -> str:
+        c = self.config
+        draft = self.engine.drafter.name if self.engine.drafter is not None else "none"
+        seed = "fresh" if c.sampling.seed < 0 else str(c.sampling.seed)
+        return (
+            f"mode {c.speculative.mode} · T {c.sampling.temperature:g} · K {c.speculative.draft_tokens} · "
+            f"seed {seed} · max {c.sampling.max_tokens} tokens · draft {draft}"
+        )
+
+    # -- the loop ---------------------------------------------------------
+    def run(self) -> int:
+        """Chat until /quit, Ctrl-D or Ctrl-C at the prompt; returns the exit status (0)."""
+        self.say(self.style.bold(f"localspec chat · {self.engine.pair_name}"))
+        self.note(self.settings_line())
+        self.say(self.style.legend())
+        self.note("/help for commands · Ctrl-C stops a reply · Ctrl-D or /quit leaves")
+        while True:
+            try:
+                line = self.reader.read(PROMPT)
+            except (EOFError, KeyboardInterrupt):
+                self.say()
+                return 0
+            text = line.strip()
+            if not text:
+                continue
+            if text.startswith("//"):
+                text = text[1:]
+            elif text.startswith("/"):
+                if not self.command(text):
+                    return 0
+                continue
+            self.reply(text)
+
+    # -- slash commands ---------------------------------------------------
+    def command(self, text: str) -> bool:
+        """Run one slash command; False means leave."""
+        name, _, arg = text.partition(" ")
+        name, arg = name.lower(), arg.strip()
+        if name in ("/quit", "/exit", "/q"):
+            return False
+        if name in ("/help", "/?", "/h"):
+            self.say(HELP)
+            self.note(self.settings_line())
+        elif name == "/reset":
+            self.turns.clear()
+            self.dropped = 0
+            self.note("conversation cleared")
+        elif name == "/system":
+            self.set_system(arg)
+        elif name in SETTINGS:
+            self.set_setting(name, arg)
+        elif name == "/markers":
+            self.style.markers = not self.style.markers
+            self.note(f"status markers {'on' if self.style.markers else 'off'}")
+            self.say(self.style.legend())
+        elif name == "/stats":
+            self.say(self.stats_table())
+        elif name == "/save":
+            self.save(arg)
+        else:
+            self.problem(f"unknown command {name}; type /help for the list (// sends a message starting with /)")
+        return True
+
+    def set_system(self, arg: str) -> None:
+        if not arg:
+            self.note(f"system prompt: {self.system!r}" if self.system else "system prompt: the template's default")
+            return
+        self.system = "" if arg.lower() == "default" else arg
+        self.note("system prompt set; the next reply re-reads the whole conversation")
+
+    def set_setting(self, name: str, arg: str) -> None:
+        key, parse, label = SETTINGS[name]
+        section, _, attr = key.partition(".")
+        if not arg:
+            self.note(f"{label}: {getattr(getattr(self.config, section), attr)}")
+            return
+        try:
+            value = parse(arg)
+        except ValueError:
+            kind = "a number" if parse is float else "a whole number"
+            self.problem(f"error: {name} needs {kind}, not {arg!r}; e.g. {name} {'0.7' if parse is float else '4'}")
+            return
+        try:
+            self.config = self.config.with_overrides({key: value})
+        except ConfigError as error:
+            self.problem(f"error: {error}")
+            return
+        self.note(self.settings_line())
+
+    # -- one reply --------------------------------------------------------
+    def messages(self, user: str) -> list[Message]:
+        history = [(t.user, t.reply) for t in self.turns[self.dropped :]]
+        return build_messages(self.system, history, user)
+
+    def prepare(self, user: str):
+        """The prompt for this turn; drops the oldest turns when the conversation outgrows the context."""
+        n_ctx = self.engine.target.context_size
+        reserve = max(1, min(self.config.sampling.max_tokens, n_ctx // 4))
+        dropped_before = self.dropped
+        while True:
+            prepared = self.engine.encode_chat(self.messages(user))
+            if len(prepared.tokens) + reserve <= n_ctx or self.dropped >= len(self.turns):
+                break
+            self.dropped += 1
+        if self.dropped > dropped_before:
+            self.note(f"(the context is full: the oldest {self.dropped} turn(s) are left out of the prompt)")
+        if len(prepared.tokens) >= n_ctx:
+            raise ConfigError(
+                f"this message needs {len(prepared.tokens)} tokens but the context holds {n_ctx}; "
+                "shorten it or restart with a larger --ctx"
+            )
+        return prepared
+
+    def reply(self, user: str) -> None:
+        from .cli import cancel_on_interrupt
+
+        try:
+            prepared = self.prepare(user)
+            params = self.config.sampling.params()
+            options = self.engine.options(
+                mode=self.config.speculative.mode,
+                max_tokens=self.config.sampling.max_tokens,
+                draft_tokens=self.config.speculative.draft_tokens,
+                seed=self.config.sampling.seed,
+            )
+            self.warn_invariance(options, params)
+        except LocalspecError as error:
+            self.problem(f"error: {error}")
+            return
+        turn = Turn(user, "", prepared.text, len(prepared.tokens), asdict(options) | {"stop": list(options.stop)})
+        self.turns.append(turn)  # kept even if the reply is cut short: the partial text is the answer
+        wrote = ""
+        try:
+            with cancel_on_interrupt() as cancel, closing(self.engine.stream(prepared.tokens, options, params, cancel)) as events:
+                for event in events:
+                    if isinstance(event, TokenEvent):
+                        turn.events.append(event)
+                        if event.text:
+                            self.out.write(self.style.token(event.text, event.status))
+                            self.out.flush()
+                            wrote += event.text
+                            turn.reply = wrote
+                    elif isinstance(event, StepEvent):
+                        turn.events.append(event)
+                    elif isinstance(event, GenerationResult):
+                        turn.result = event
+                        turn.reply = event.text
+        except LocalspecError as error:
+            self.out.write("\n" if wrote and not wrote.endswith("\n") else "")
+            self.problem(f"error: {error}")
+            return
+        if not wrote.endswith("\n"):
+            self.out.write("\n")
+        self.out.flush()
+        if turn.result is not None:
+            if turn.result.stop_reason == "cancelled":
+                self.note("(stopped: the partial reply is kept in the conversation)")
+            self.note(self.stats_line(turn.result))
+
+    def warn_invariance(self, options, params) -> None:
+        """Once per mode: say when greedy/invariant output may differ from target-only on this build."""
+        key = (options.mode, params.greedy)
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        warning = self.engine.invariance_warning(options, params)
+        if warning:
+            self.problem(warning)
+
+    # -- statistics -------------------------------------------------------
+    def target_seconds(self) -> float | None:
+        """The target's own cost per token, measured once (after a reply, so loading noise is gone)."""
+        if self._t_target is None:
+            try:
+                self._t_target = self.engine.target_token_seconds()
+            except LocalspecError:
+                return None
+        return self._t_target
+
+    def stats_line(self, result: GenerationResult) -> str:
+        s = result.stats
+        parts = [f"{s.n_tokens} tokens", f"{s.tokens_per_second:.1f} tok/s"]
+        if s.drafted:
+            parts += [f"acceptance {s.acceptance_rate:.0%}", f"{s.tokens_per_step:.2f} tokens/step"]
+            t_target = self.target_seconds() if s.n_tokens else None
+            if t_target:
+                parts.append(f"{s.tokens_per_second * t_target:.2f}x vs target alone")
+        elif s.mode == "target-only":
+            parts.append("target only")
+        parts.append(f"prompt {s.n_prompt} ({s.n_prompt_evaluated + 1} new)")
+        parts.append(f"stop: {result.stop_reason}")
+        return "[" + " · ".join(parts) + "]"
+
+    def stats_table(self) -> str:
+        """Per-position acceptance over the conversation, plus totals."""
+        results = [t.result for t in self.turns if t.result is not None]
+        if not results:
+            return "no replies yet"
+        drafted: list[int] = []
+        accepted: list[int] = []
+        for r in results:
+            for i, (d, a) in enumerate(zip(r.stats.drafted_by_position, r.stats.accepted_by_position)):
+                if i == len(drafted):
+                    drafted.append(0)
+                    accepted.append(0)
+                drafted[i] += d
+                accepted[i] += a
+        tokens = sum(r.stats.n_tokens for r in results)
+        steps = sum(r.stats.steps for r in results)
+        n_drafted = sum(r.stats.drafted for r in results)
+        n_accepted = sum(r.stats.accepted for r in results)
+        decode_s = sum(r.stats.decode_s for r in results)
+        lines = [f"{len(results)} replies · {tokens} tokens · {steps} steps"
+                 + (f" · {tokens / steps:.2f} tokens/step" if steps else "")
+                 + (f" · {tokens / decode_s:.1f} tok/s" if decode_s > 0 else "")]  # fmt: skip
+        if not n_drafted:
+            lines.append("no draft tokens yet (target-only replies)")
+            return "\n".join(lines)
+        lines.append(f"acceptance {n_accepted / n_drafted:.1%} ({n_accepted} of {n_drafted} draft tokens)")
+        lines.append("draft position   drafted   accepted   rate")
+        for i, (d, a) in enumerate(zip(drafted, accepted)):
+            rate = a / d if d else 0.0
+            bar = "█" * round(rate * 20)
+            lines.append(f"{i + 1:>14}   {d:>7}   {a:>8}   {rate:>4.0%}  {bar}")
+        return "\n".join(lines)
+
+    # -- /save ------------------------------------------------------------
+    def save(self, arg: str) -> None:
+        if not self.turns:
+            self.note("nothing to save yet")
+            return
+        if arg:
+            path = Path(os.path.expanduser(arg))
+            path = path if path.is_absolute() else Path.cwd() / path
+        else:
+            path = self.config.resolve_path(self.config.trace.dir) / time.strftime("chat-%Y%m%d-%H%M%S.jsonl")
+        try:
+            n_lines = write_conversation(path, self)
+        except OSError as error:
+            self.problem(f"error: cannot write {path} ({error.strerror}); choose another path")
+            return
+        self.note(f"saved {len(self.turns)} turn(s), {n_lines} lines, to {path}")
+
+
+class _ConversationWriter(TraceWriter):
+    """A trace with a ``turn`` line before each reply's events."""
+
+    def marker(self, obj: dict[str, Any]) -> None:
+        self._write(obj)
+
+
+def write_conversation(path: Path, session: ChatSession) -> int:
+    """JSONL: a trace header holding the conversation, then per turn a ``turn`` line and its events.
+
+    It is a regular localspec trace (``read_trace`` reads it; the step/token
+    lines of all turns follow each other), so the same tools replay it.
+    """
+    engine = session.engine
+    last = session.turns[-1]
+    messages = [Message("system", session.system)] if session.system else []
+    for t in session.turns:
+        messages += [Message("user", t.user), Message("assistant", t.reply)]
+    header = {
+        "target": engine.target.name,
+        "draft": engine.drafter.name if engine.drafter is not None else "none",
+        "config": session.config.to_dict(),
+        "options": last.options,
+        "prompt_text": last.prompt_text,
+        "conversation": [m.as_dict() for m in messages],
+        "turns": len(session.turns),
+    }
+    if session.dropped:
+        header["prompt_window_starts_at_turn"] = session.dropped
+    count = 1
+    with _ConversationWriter(path, header) as writer:
+        for number, turn in enumerate(session.turns):
+            writer.marker({"kind": "turn", "turn": number, "user": turn.user, "reply": turn.reply,
+                           "n_prompt": turn.n_prompt, "options": turn.options})  # fmt: skip
+            count += 1
+            for event in turn.events:
+                writer.write(event)
+                count += 1
+            if turn.result is not None:
+                writer.write(turn.result)
+                count += 1
+    return count
+
+
+# ----------------------------------------------------------------------
+def run_chat(engine, config: Config, no_color: bool = False, show_status: bool | None = None) -> int:
+    """Entry point used by the CLI: pick the rendering and the input method, then chat."""
+    if not config.chat.chat_template:
+        raise ConfigError("localspec chat needs the model's chat template; drop --raw (raw prompts: localspec generate --raw)")
+    stdout_tty = sys.stdout.isatty()
+    stdin_tty = sys.stdin.isatty()
+    style = TokenStyle.choose(no_color, show_status, stdout_tty)
+    chrome = sys.stdout if stdout_tty else sys.stderr
+    if stdin_tty and stdout_tty:
+        reader: LineReader = TerminalReader(history_file(), style.colour)
+    else:
+        reader = PlainReader(chrome, echo=not stdin_tty and chrome.isatty())
+    return ChatSession(engine, config, style, reader, sys.stdout, chrome).run()

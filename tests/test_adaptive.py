@@ -1,0 +1,237 @@
+"""Adaptive K and the fast paths of the loop: right choices, exact output, no extra decodes.
+
+Model-free (toy models of tests/toy.py): the cost model is fed known costs, and
+the loop's output distribution is checked against exact enumeration while K
+changes from step to step with the outcome of earlier steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.adaptive import AdaptiveK
+from localspec.drafters import ModelDrafter
+from localspec.errors import ConfigError
+from localspec.events import GenerationResult, StepEvent
+from localspec.generation import GenerationOptions, SpeculativeDecoder
+from localspec.perf import expected_tokens_per_step
+from localspec.sampling import SamplingParams, Weights, probabilities, sample_index, weights
+
+from .stats import chi_square
+from .toy import ToyLM, exact_joint, greedy_reference
+
+V = 6
+
+
+def feed(controller: AdaptiveK, alpha: float, t_draft: float, verify, steps: int, rng: np.random.Generator) -> None:
+    """Run ``steps`` simulated steps with true acceptance ``alpha`` and the given costs."""
+    for _ in range(steps):
+        k = controller.choose()
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        examined = accepted + (accepted < k)
+        controller.observe(k, accepted, examined, k * t_draft, verify(k + 1), 1e-4 * (k + 1))
+
+
+def best_k(alpha: float, t_draft: float, verify, k_min: int, k_max: int) -> int:
+    """The throughput-optimal K computed directly from the true costs (DESIGN §7)."""
+    rate = lambda k: expected_tokens_per_step(alpha, k) / (k * t_draft + verify(k + 1) + 1e-4 * (k + 1))  # noqa: E731
+    return max(range(k_min, k_max + 1), key=rate)
+
+
+@pytest.mark.parametrize(
+    "alpha, t_draft",
+    [(0.95, 0.004), (0.8, 0.008), (0.5, 0.010), (0.2, 0.015)],
+)
+def test_adaptive_k_finds_the_throughput_optimum(alpha: float, t_draft: float) -> None:
+    verify = lambda rows: 0.020 + 0.004 * (rows - 1)  # noqa: E731 - a CPU-like batch cost
+    controller = AdaptiveK(0, 10, explore_every=8)
+    feed(controller, alpha, t_draft, verify, 400, np.random.default_rng(1))
+    optimum = best_k(alpha, t_draft, verify, 0, 10)
+    recent = controller.history[-64:]
+    chosen = max(set(recent), key=recent.count)  # the K it settled on (exploration steps aside)
+    # the chosen K must be (within one of) the optimum, and lose < 3% of the optimal throughput
+    rate = lambda k: expected_tokens_per_step(alpha, k) / (k * t_draft + verify(k + 1) + 1e-4 * (k + 1))  # noqa: E731
+    assert abs(chosen - optimum) <= 1, (chosen, optimum, controller.alpha)
+    assert rate(chosen) >= 0.97 * rate(optimum)
+
+
+def test_adaptive_k_tracks_a_change_in_acceptance() -> None:
+    verify = lambda rows: 0.020 + 0.003 * (rows - 1)  # noqa: E731
+    controller = AdaptiveK(1, 8)
+    rng = np.random.default_rng(2)
+    feed(controller, 0.97, 0.003, verify, 200, rng)
+    high = controller.history[-30:]
+    feed(controller, 0.15, 0.003, verify, 300, rng)
+    low = controller.history[-30:]
+    assert np.median(high) >= 6 and np.median(low) <= 2, (high, low)
+
+
+def test_adaptive_k_stays_in_bounds_and_escapes_k_zero() -> None:
+    verify = lambda rows: 0.020 + 0.002 * (rows - 1)  # noqa: E731
+    controller = AdaptiveK(0, 5)
+    rng = np.random.default_rng(3)
+    feed(controller, 0.0, 0.010, verify, 100, rng)  # a useless draft: K = 0 is best
+    assert controller.history[-1] in (0, 1) and min(controller.history) >= 0
+    feed(controller, 0.99, 0.001, verify, 300, rng)  # the draft got good: exploration finds out
+    assert all(0 <= k <= 5 for k in controller.history)
+    assert np.median(controller.history[-30:]) >= 4
+
+
+def test_one_spike_from_another_process_does_not_pin_k_down() -> None:
+    verify = lambda rows: 0.060 + 0.011 * (rows - 1)  # noqa: E731 - F32 target on one CPU thread
+    controller = AdaptiveK(1, 8)
+    controller.observe(8, 8, 8, 8 * 0.029, 1.5, 0.001)  # the machine was busy for one step at K = 8
+    controller.observe(1, 1, 1, 0.029, 0.070, 0.001)
+    rng = np.random.default_rng(4)
+    feed(controller, 0.97, 0.029, verify, 300, rng)
+    optimum = best_k(0.97, 0.029, verify, 1, 8)
+    assert abs(np.median(controller.history[-40:]) - optimum) <= 1, (controller.history[-40:], optimum)
+
+
+def test_verify_cost_line_interpolates_measured_batch_sizes() -> None:
+    controller = AdaptiveK(1, 8)
+    controller.observe(1, 1, 1, 0.01, 0.030, 0.0)  # 2 rows
+    controller.observe(5, 5, 5, 0.05, 0.050, 0.0)  # 6 rows
+    assert controller.verify_seconds(4) == pytest.approx(0.040)
+    assert controller.verify_seconds(10) == pytest.approx(0.070)
+    with pytest.raises(ConfigError, match="min_draft_tokens"):
+        AdaptiveK(5, 2)
+
+
+# ---------------------------------------------------------------------------
+# the loop with adaptive K
+# ---------------------------------------------------------------------------
+def pair(noise: float = 1.2):
+    target = ToyLM(V, seed=11, scale=1.6)
+    draft = ToyLM(V, seed=23, base=target, noise=noise)
+    return target, draft
+
+
+def test_adaptive_loop_reports_varying_k_within_bounds() -> None:
+    target, draft = pair(noise=0.8)
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    steps = []
+    for event in decoder.stream([0, 1, 2], SamplingParams(temperature=0.8),
+                                GenerationOptions(max_tokens=120, draft_tokens=6, adaptive=True, min_draft_tokens=1)):  # fmt: skip
+        if isinstance(event, StepEvent):
+            steps.append(event)
+    ks = [s.k for s in steps]
+    assert all(1 <= k <= 6 for k in ks[:-1])  # the last step may be cut by max_tokens
+    assert len(set(ks)) > 1, ks  # it adapts (toy costs are zero: exploration alone moves it)
+    history = decoder.controller.history
+    assert len(history) == len(steps) and all(s.k <= h for s, h in zip(steps, history))
+
+
+@pytest.mark.parametrize("noise", [0.5, 3.0])
+def test_adaptive_greedy_is_identical_to_target_only(noise: float) -> None:
+    target, draft = pair(noise)
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    for prompt in ([0], [1, 2], [3, 3, 4, 5]):
+        result = decoder.run(prompt, SamplingParams(temperature=0.0),
+                             GenerationOptions(mode="greedy", max_tokens=40, draft_tokens=5, adaptive=True, min_draft_tokens=0))  # fmt: skip
+        assert result.token_ids == greedy_reference(target, prompt, 40)
+
+
+class OutcomeDrivenK(AdaptiveK):
+    """A controller whose K depends strongly on what was accepted before: the worst case for exactness."""
+
+    last_accepted = 0
+
+    def choose(self) -> int:
+        k = {0: 3, 1: 2}.get(self.last_accepted, 1) if self.history else 1
+        self.history.append(k)
+        return k
+
+    def observe(self, drafted, accepted, *args) -> None:
+        super().observe(drafted, accepted, *args)
+        self.last_accepted = accepted
+
+
+def test_k_chosen_from_earlier_outcomes_keeps_the_output_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    import localspec.generation as generation
+
+    monkeypatch.setattr(generation, "AdaptiveK", OutcomeDrivenK)
+    params = SamplingParams(temperature=0.8)
+    target, draft = pair(noise=1.2)
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    prompt = [0, 1, 2, 3, 4, 5, 0, 1]
+    counts = np.zeros((V,) * 3)
+    ks_seen = set()
+    for run in range(20_000):
+        options = GenerationOptions(max_tokens=6, draft_tokens=3, seed=run, adaptive=True, min_draft_tokens=1)
+        for event in decoder.stream(prompt, params, options):
+            if isinstance(event, StepEvent):
+                ks_seen.add(event.k)
+            elif isinstance(event, GenerationResult):
+                counts[tuple(event.token_ids[:3])] += 1
+    assert ks_seen >= {1, 2, 3}
+    result = chi_square(counts, exact_joint(target, prompt, params, 3, V))
+    assert result.passed, str(result)
+
+
+def test_adaptive_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="min_draft_tokens = 5"):
+        GenerationOptions(draft_tokens=3, adaptive=True, min_draft_tokens=5)
+
+
+# ---------------------------------------------------------------------------
+# fast paths: one draft batch per fully accepted step; blocked sampling; Weights
+# ---------------------------------------------------------------------------
+class CountingLM(ToyLM):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+
+    def extend(self, tokens, n_logits):
+        self.calls += 1
+        return super().extend(tokens, n_logits)
+
+
+def test_fully_accepted_step_costs_the_draft_k_decodes_not_k_plus_one() -> None:
+    target = ToyLM(V, seed=11, scale=1.6)
+    draft = CountingLM(V, seed=11, scale=1.6)  # identical to the target: greedy accepts everything
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    k = 4
+    calls = []
+    for event in decoder.stream([0, 1], SamplingParams(temperature=0.0),
+                                GenerationOptions(mode="greedy", max_tokens=25, draft_tokens=k)):  # fmt: skip
+        if isinstance(event, StepEvent):
+            calls.append(draft.calls)
+            assert event.n_accepted == len(event.drafted) and event.bonus
+    per_step = np.diff(calls)
+    # catching up on d_K and the bonus token is one batch, then k - 1 single-token decodes
+    assert list(per_step) == [k] * len(per_step), per_step
+    # and the draft cache never holds a token the context does not have
+    assert draft.cache == target.cache[: len(draft.cache)]
+
+
+@pytest.mark.parametrize("vocab", [1_000, 49_152, 151_936])
+def test_blocked_sampler_draws_the_exact_distribution(vocab: int) -> None:
+    rng = np.random.default_rng(vocab)
+    w = np.zeros(vocab)
+    hot = rng.choice(vocab, size=12, replace=False)  # spread over many blocks, incl. the ragged tail
+    hot[-1] = vocab - 1
+    w[hot] = rng.uniform(0.1, 1.0, size=12)
+    p = w / w.sum()
+    draws = np.array([sample_index(w, rng) for _ in range(30_000)])
+    assert set(np.unique(draws)) <= set(hot.tolist())  # zero weight is never drawn
+    counts = np.array([(draws == t).sum() for t in hot])
+    result = chi_square(counts, p[hot])
+    assert result.passed, str(result)
+
+
+def test_weights_give_bit_identical_probabilities() -> None:
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal(49_152) * 3).astype(np.float32)
+    for params in (SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=50),
+                   SamplingParams(temperature=0.7, top_p=0.9, min_p=0.01, repeat_penalty=1.2)):  # fmt: skip
+        history = [5, 9, 5]
+        dense = probabilities(logits, params, history)
+        w = weights(logits, params, history)
+        assert isinstance(w, Weights)
+        for token in (int(np.argmax(dense)), 5, 12345):
+            assert w.prob(token) == dense[token]  # exactly, not approximately
+        assert np.array_equal(w.dense(), dense)

@@ -1,0 +1,91 @@
+"""`localspec bench` end to end: the real command on the demo pair, tiny, checking its contract (not its timings)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import run_cli
+
+pytestmark = pytest.mark.models
+
+SPLIT_KEYS = {"draft", "verify", "other"}
+
+
+@pytest.fixture(scope="module")
+def report(demo_paths, tmp_path_factory):
+    target, draft, _ = demo_paths
+    plot = tmp_path_factory.mktemp("bench") / "speed.png"
+    proc = run_cli(
+        "bench", "--target", str(target), "--draft", str(draft), "--ctx", "1024",
+        "--max-tokens", "6", "--repeats", "1", "--prompts", "summarise,code",
+        "--variants", "greedy,prompt-lookup,adaptive", "--max-k", "5", "--reference",
+        "--plot", str(plot), "--json",
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), plot, proc.stderr
+
+
+def test_json_reports_every_variant_with_medians_and_ranges(report) -> None:
+    data, _, _ = report
+    names = [v["name"] for v in data["variants"]]
+    # the target-only baseline is always added; the reference rows come with --reference
+    assert names == ["target-only", "greedy", "prompt-lookup", "adaptive", "llama-cpp-python", "llama-cpp-python-lookup"]
+    for row in data["variants"]:
+        assert row["runs"] == 2  # 2 prompts x 1 repeat
+        tps = row["tokens_per_second"]
+        assert 0 < tps["min"] <= tps["median"] <= tps["max"]
+    by_name = {v["name"]: v for v in data["variants"]}
+    assert by_name["target-only"]["speedup"]["median"] == pytest.approx(1.0)
+    assert by_name["adaptive"]["adaptive"] is True and by_name["adaptive"]["k"] == 5
+    assert 1 <= by_name["adaptive"]["mean_k"]["median"] <= 5
+
+
+def test_speculative_rows_have_acceptance_split_and_prediction(report) -> None:
+    data, _, _ = report
+    for row in data["variants"]:
+        if row["drafter"] == "reference":
+            assert row["time_split"] is None
+            continue
+        split = row["time_split"]
+        assert set(split) == SPLIT_KEYS and sum(split.values()) == pytest.approx(1.0, abs=1e-6)
+        assert row["predicted_speedup"]["median"] > 0
+        assert row["measured_over_predicted"]["median"] > 0
+        if row["drafter"] == "model":
+            assert 0 <= row["acceptance_rate"]["median"] <= 1
+            assert row["tokens_per_step"]["median"] >= 1
+            assert split["draft"] > 0  # the draft model did run
+    assert data["variants"][0]["time_split"]["draft"] == 0.0  # target-only drafts nothing
+
+
+def test_runs_are_interleaved_and_speedups_use_the_same_prompt_and_repeat(report) -> None:
+    data, _, _ = report
+    runs = data["runs"]
+    order = [(r["prompt"], r["variant"]) for r in runs]
+    variants = [v["name"] for v in data["variants"]]
+    assert order == [(p, v) for p in ("code", "summarise") for v in variants]
+    base = {r["prompt"]: r for r in runs if r["variant"] == "target-only"}
+    for run in runs:
+        if run["variant"] == "llama-cpp-python-lookup":
+            assert run["reference_speedup"] is not None
+        expected = run["tokens_per_second"] / base[run["prompt"]]["tokens_per_second"]
+        assert run["speedup"] == pytest.approx(expected)
+
+
+def test_plot_is_a_png_and_its_path_is_printed(report) -> None:
+    data, plot, stderr = report
+    assert plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot.stat().st_size > 10_000
+    assert data["plot"] == str(plot.resolve())
+    assert f"plot: {plot.resolve()}" in stderr
+
+
+def test_unknown_variant_is_one_line_error_naming_it() -> None:
+    proc = run_cli("bench", "--variants", "greedy,warp-speed", "--max-tokens", "4")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        "error: unknown bench variant 'warp-speed'; choose from target-only, greedy, rejection, invariant, "
+        "token-match, prompt-lookup, adaptive"
+    ]

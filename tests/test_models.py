@@ -1,0 +1,160 @@
+"""The engine on the real demo pair: greedy identity, drafter invariance, rollback, KV reuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.chat import Message, build_messages
+from localspec.config import Config
+from localspec.engine import Engine
+from localspec.events import StepEvent
+from localspec.llama_backend import LlamaModel
+from localspec.model import common_prefix_length
+from localspec.sampling import SamplingParams
+
+pytestmark = pytest.mark.models
+
+RAW_PROMPTS = [
+    "The history of the printing press begins",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village by the sea, there lived",
+    "Photosynthesis is the process by which plants",
+]
+
+
+def make_engine(target, draft, **overrides) -> Engine:
+    config = Config().with_overrides({"model.target": str(target), "model.draft": str(draft), "model.n_ctx": 1024, **overrides})
+    return Engine(config)
+
+
+@pytest.fixture(scope="module")
+def engines(demo_paths):
+    target, draft, weak = demo_paths
+    built = {
+        "q4_1": make_engine(target, draft),
+        "q4_0": make_engine(target, weak),
+        "none": make_engine(target, "none"),
+    }
+    yield built
+    for engine in built.values():
+        engine.close()
+
+
+def generate(engine: Engine, prompt_tokens, params: SamplingParams, **options):
+    events = list(engine.stream(prompt_tokens, engine.options(**options), params))
+    return events[-1], [e for e in events if isinstance(e, StepEvent)]
+
+
+def test_greedy_speculative_equals_target_only(engines) -> None:
+    speculative, plain = engines["q4_1"], engines["none"]
+    greedy = SamplingParams(temperature=0.0)
+    rejected_somewhere = False
+    for text in RAW_PROMPTS:
+        prompt = speculative.encode_raw(text).tokens
+        expected, _ = generate(plain, prompt, greedy, mode="greedy", max_tokens=128)
+        got, steps = generate(speculative, prompt, greedy, mode="greedy", max_tokens=128, draft_tokens=5)
+        assert len(expected.token_ids) == 128, text
+        assert got.token_ids == expected.token_ids, text
+        assert got.text == expected.text
+        rejected_somewhere |= any(s.n_accepted < len(s.drafted) for s in steps)
+    assert rejected_somewhere, "the test never exercised a rejection"
+
+
+def test_greedy_with_weak_draft_and_prompt_lookup(engines, demo_paths) -> None:
+    plain = engines["none"]
+    greedy = SamplingParams(temperature=0.0)
+    prompt = plain.encode_raw(RAW_PROMPTS[1]).tokens
+    expected, _ = generate(plain, prompt, greedy, mode="greedy", max_tokens=128)
+    got, _ = generate(engines["q4_0"], prompt, greedy, mode="greedy", max_tokens=128, draft_tokens=4)
+    assert got.token_ids == expected.token_ids
+    ngram = make_engine(demo_paths[0], "ngram")
+    try:
+        got, _ = generate(ngram, prompt, greedy, mode="greedy", max_tokens=128, draft_tokens=4)
+        assert got.token_ids == expected.token_ids
+    finally:
+        ngram.close()
+
+
+def test_invariant_mode_is_identical_with_any_draft(engines) -> None:
+    params = SamplingParams(temperature=0.8)
+    prompt = engines["none"].encode_chat([Message("user", "Tell me a short story about a cat.")]).tokens
+    for seed in (1, 2, 3):
+        outputs, accepted = {}, {}
+        for name in ("q4_1", "q4_0", "none"):
+            result, _ = generate(engines[name], prompt, params, mode="invariant", max_tokens=64, seed=seed, draft_tokens=4)
+            outputs[name], accepted[name] = result.token_ids, result.stats.accepted
+        assert outputs["q4_1"] == outputs["q4_0"] == outputs["none"], seed
+        assert accepted["q4_1"] > 0 and accepted["none"] == 0
+
+
+def test_rollback_leaves_exactly_the_committed_tokens(engines, demo_paths) -> None:
+    engine = engines["q4_0"]  # weak draft: many rejections to roll back
+    prompt = engine.encode_raw(RAW_PROMPTS[2]).tokens
+    result, steps = generate(engine, prompt, SamplingParams(temperature=0.8), mode="rejection", max_tokens=80, seed=5)
+    assert sum(len(s.drafted) - s.n_accepted for s in steps) > 5, "expected rejections"
+    committed = prompt + result.token_ids
+    target = engine.target
+    assert list(target.cached_tokens) == committed[:-1]
+    assert target.kv_positions() == (0, len(committed) - 2)  # nothing stale beyond the committed text
+    after_speculation = target.extend([committed[-1]], 1)[0]
+    fresh = LlamaModel(demo_paths[0], engine.settings)
+    try:
+        reference = fresh.extend(committed, 1)[0]
+    finally:
+        fresh.close()
+    assert np.array_equal(after_speculation, reference)
+    target.truncate(len(committed) - 1)
+
+
+def test_second_turn_evaluates_only_new_tokens(engines, demo_paths) -> None:
+    engine = engines["q4_1"]
+    greedy = SamplingParams(temperature=0.0)
+    first_messages = build_messages("", [], "Name three colours.")
+    first_prompt = engine.encode_chat(first_messages).tokens
+    first, _ = generate(engine, first_prompt, greedy, mode="greedy", max_tokens=40)
+    second_prompt = engine.encode_chat(build_messages("", [("Name three colours.", first.text)], "And three animals?")).tokens
+    cached = list(engine.target.cached_tokens)
+    reused = common_prefix_length(cached, second_prompt[:-1])
+    assert reused > len(first_prompt), "turn 1 should be reused"
+    before = engine.target.n_evaluated
+    second, steps = generate(engine, second_prompt, greedy, mode="greedy", max_tokens=40)
+    assert second.stats.n_prompt_evaluated == len(second_prompt) - 1 - reused
+    assert second.stats.n_prompt_evaluated < len(second_prompt) - len(first_prompt)
+    # the target evaluated the new prompt tokens plus one verification batch per step, nothing more
+    assert engine.target.n_evaluated - before == second.stats.n_prompt_evaluated + sum(1 + len(s.drafted) for s in steps)
+    fresh = make_engine(demo_paths[0], demo_paths[1])
+    try:
+        again, _ = generate(fresh, second_prompt, greedy, mode="greedy", max_tokens=40)
+        assert again.stats.n_prompt_evaluated == len(second_prompt) - 1
+        assert again.token_ids == second.token_ids
+    finally:
+        fresh.close()
+
+
+def test_context_full_is_a_clean_stop(demo_paths) -> None:
+    engine = make_engine(demo_paths[0], demo_paths[1], **{"model.n_ctx": 64})
+    try:
+        n_ctx = engine.target.context_size  # llama.cpp rounds the requested 64 up (to 256)
+        assert n_ctx >= 64
+        # a counting prompt close to the end of the context: the continuation never ends by itself
+        numbers, prompt = 1, []
+        while True:
+            longer = engine.encode_raw(", ".join(str(i) for i in range(1, numbers + 1)) + ",").tokens
+            if len(longer) > n_ctx - 24:
+                break
+            prompt, numbers = longer, numbers + 1
+        result, _ = generate(engine, prompt, SamplingParams(temperature=0.0), mode="greedy", max_tokens=500)
+        assert result.stop_reason == "context_full"
+        assert len(prompt) + len(result.token_ids) == n_ctx + 1
+    finally:
+        engine.close()
+
+
+def test_utf8_characters_spanning_tokens_are_never_broken(engines) -> None:
+    engine = engines["q4_1"]
+    prompt = engine.encode_raw("Les élèves français écrivent: « Ça va très bien » — 日本語のテキスト:").tokens
+    result, _ = generate(engine, prompt, SamplingParams(temperature=1.0), max_tokens=60, seed=2)
+    events_text = result.text
+    assert "\ufffd" not in events_text
+    assert events_text == engine.target.detokenize(result.token_ids)

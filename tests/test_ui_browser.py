@@ -1,0 +1,126 @@
+"""A real Chromium (Debian's package, never a browser download) driving the UI with Playwright.
+
+Screenshots go to artifacts/ (git-ignored): artifacts/ui-chat.png and
+artifacts/ui-debug.png, for a human to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.models]
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+ARTIFACTS = ROOT / "artifacts"
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Path:
+    """Debian's Chromium, installed with apt when missing (we are root; Playwright downloads nothing)."""
+    if not CHROMIUM.exists():
+        if shutil.which("apt-get") is None:
+            pytest.fail("/usr/bin/chromium is missing and apt-get is not available; install Chromium")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        lock = ["-o", "DPkg::Lock::Timeout=600"]
+        for command in (["apt-get", *lock, "update"], ["apt-get", *lock, "install", "-y", "chromium"]):
+            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+            if done.returncode != 0:
+                pytest.fail(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    return CHROMIUM
+
+
+@pytest.fixture(scope="module")
+def page(chromium, ui_server):
+    from playwright.sync_api import sync_playwright
+
+    url, _proc, _log = ui_server
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium), args=ARGS, headless=True)
+        context = browser.new_context(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+        page = context.new_page()
+        page.outside = []  # requests to anything but the local server
+        page.on("request", lambda r: None if r.url.startswith((url, "data:", "blob:")) else page.outside.append(r.url))
+        page.goto(url, wait_until="load")
+        page.wait_for_selector("#ls-message textarea", timeout=60_000)
+        yield page
+        context.close()
+        browser.close()
+
+
+def test_chat_streams_coloured_tokens_and_debugging_tab_explains_them(page):
+    page.locator("#ls-message textarea").fill("Write a short python function that adds two numbers.")
+    page.locator("#ls-send").click()
+    # the reply is done when tokens are on screen and the streaming cursor is gone
+    page.wait_for_function(
+        "document.querySelectorAll('#ls-chat-log .ls-assistant .ls-tok[data-status]').length > 0"
+        " && !document.querySelector('#ls-chat-log .ls-cursor')",
+        timeout=120_000,
+    )
+    tokens = page.locator("#ls-chat-log .ls-assistant .ls-tok[data-status]")
+    assert tokens.count() > 3
+    statuses = set(tokens.evaluate_all("els => els.map(e => e.dataset.status)"))
+    assert statuses <= {"accepted", "corrected", "bonus", "target"} and "accepted" in statuses
+    accepted = page.locator("#ls-chat-log .ls-assistant .ls-accepted").first
+    background = accepted.evaluate("e => getComputedStyle(e).backgroundColor")
+    assert background not in ("rgba(0, 0, 0, 0)", "transparent"), "accepted tokens must be tinted"
+    underline = accepted.evaluate("e => getComputedStyle(e).textDecorationLine + ' ' + getComputedStyle(e).textDecorationStyle")
+    assert underline == "underline solid", "colour is never the only cue: accepted tokens are underlined"
+    assert "p(token)" in accepted.get_attribute("title")  # the hover evidence
+    assert page.locator("#ls-legend .ls-tok").count() == 4
+    page.wait_for_function("document.querySelector('#ls-stats [data-stat=tps] .ls-card-v').textContent !== '–'")
+    page.screenshot(path=str(ARTIFACTS / "ui-chat.png"), full_page=True)
+
+    # clicking a token opens the debugging view on that token
+    clicked = tokens.nth(min(5, tokens.count() - 1))
+    index = int(clicked.get_attribute("data-i"))
+    clicked.click()
+    page.wait_for_function(
+        f"document.querySelector('#ls-top .ls-top-head') && "
+        f"document.querySelector('#ls-top .ls-top-head').textContent.includes('token #{index + 1} ')",
+        timeout=30_000,
+    )
+    page.locator("#ls-summary").wait_for(state="visible", timeout=10_000)  # the tab switched by itself
+    page.wait_for_selector("#ls-steps table", timeout=30_000)
+    assert "current reply" in page.locator("#ls-summary").inner_text()
+    assert page.locator("#ls-top table.ls-top tr").count() >= 10
+    page.wait_for_timeout(500)  # let the plots paint
+    page.screenshot(path=str(ARTIFACTS / "ui-debug.png"), full_page=True)
+    assert page.outside == [], f"the page fetched from outside the local server: {page.outside[:5]}"
+    assert (ARTIFACTS / "ui-chat.png").stat().st_size > 10_000
+    assert (ARTIFACTS / "ui-debug.png").stat().st_size > 10_000
+
+
+def test_a_second_tab_sees_a_waiting_message_while_the_first_generates(page, ui_server):
+    url, _proc, _log = ui_server
+    other = page.context.new_page()
+    try:
+        other.goto(url, wait_until="load")
+        other.wait_for_selector("#ls-message textarea", timeout=60_000)
+        page.get_by_role("tab", name="Chat").click()
+        page.locator("#ls-message textarea").fill("Tell me about rivers.")
+        page.locator("#ls-send").click()
+        page.wait_for_selector("#ls-chat-log .ls-cursor", timeout=60_000)  # the first tab is streaming
+        other.locator("#ls-message textarea").fill("Tell me about mountains.")
+        other.locator("#ls-send").click()
+        waiting = other.locator("#ls-waiting")
+        waiting.wait_for(timeout=10_000)
+        assert "waiting for the other conversation" in waiting.inner_text()
+        other.screenshot(path=str(ARTIFACTS / "ui-second-tab-waiting.png"))
+        # once the first reply is done, the second tab gets its own coloured reply
+        other.wait_for_function(
+            "document.querySelectorAll('#ls-chat-log .ls-assistant .ls-tok[data-status]').length > 0"
+            " && !document.querySelector('#ls-chat-log .ls-cursor') && !document.querySelector('#ls-waiting')",
+            timeout=120_000,
+        )
+    finally:
+        other.close()

@@ -1,0 +1,259 @@
+"""The UI's handlers against the real engine on the demo pair — no browser.
+
+The handlers are plain methods of :class:`ui.app.ChatApp`; these tests call
+them exactly as Gradio would and check what the user would see (HTML spans
+with statuses and tooltips, notices, stats) and what the app keeps (plain-text
+history, traces that round-trip, replay verdicts).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import threading
+
+import pytest
+
+from localspec.config import load_config
+from localspec.doctor import InvarianceReport
+from localspec.trace import read_trace
+from tests.conftest import GEMMA, run_cli
+from ui.app import ChatApp, ChatState
+from ui.debug_view import STEP_COLUMNS
+from ui.session import Run, Session, Settings
+
+pytestmark = pytest.mark.models
+
+SPAN = re.compile(r'<span class="ls-tok ls-(\w+)[^"]*" data-status="(\w+)" data-i="(\d+)" title="([^"]*)">')
+
+
+@pytest.fixture(scope="module")
+def app(demo_paths) -> ChatApp:
+    target, draft, _ = demo_paths
+    config = load_config().with_overrides({
+        "model.target": str(target), "model.draft": str(draft), "model.n_ctx": 1024, "sampling.max_tokens": 24,
+    })  # fmt: skip
+    session = Session(config)
+    session.engine  # load once for the module
+    yield ChatApp(session)
+    session.close()
+
+
+@pytest.fixture(scope="module")
+def conversation(app):
+    """One two-turn chat shared by the tests that only read it: (outputs of turn 1, final state)."""
+    state = ChatState()
+    outputs = list(app.respond("Name three <b>colours</b>.", state, settings(max_tokens=16), key="conv"))
+    list(app.respond("Now say goodbye.", state, settings(max_tokens=6), key="conv"))
+    return outputs, state
+
+
+def settings(**overrides) -> Settings:
+    values = dict(mode="rejection", temperature=0.7, seed=11, max_tokens=16, draft_tokens=4)
+    values.update(overrides)
+    return Settings(**values)
+
+
+def spans(chat_html: str) -> list[tuple[str, str, int, str]]:
+    return [(cls, status, int(i), html.unescape(title)) for cls, status, i, title in SPAN.findall(chat_html)]
+
+
+def test_streaming_reply_colours_every_token_with_its_fate(conversation):
+    outputs, state = conversation
+    assert len(outputs) >= 2, "the reply should stream in several updates"
+    final_html, stats_html, notice, _state, textbox = outputs[-1]
+    assert notice == "" and textbox == ""
+    run = state.turns[0].run
+    assert run.result is not None and run.result["stop_reason"] in ("max_tokens", "eos")
+    found = spans(final_html)
+    # streaming: an intermediate update already had coloured spans, but fewer than at the end
+    assert any(0 < len(spans(o[0])) < len(found) for o in outputs[:-1])
+    statuses = {status for _, status, _, _ in found}
+    assert statuses <= {"accepted", "corrected", "bonus", "target"}
+    assert "accepted" in statuses  # the Q4_1 draft agrees with its F32 target ~98% of the time
+    assert all(cls == status for cls, status, _, _ in found)
+    # every emitted token is on screen with the status the engine gave it
+    by_index = {i: status for _, status, i, _ in found}
+    assert by_index == {i: t["status"] for i, t in enumerate(run.tokens) if t["text"]}
+    # tooltips carry the evidence
+    for _, status, i, title in found:
+        token = run.tokens[i]
+        if status == "accepted":
+            assert f"p(token) = {token['p']:.3f}" in title and "uniform u = " in title
+        elif status == "corrected":
+            assert "residual" in title and "rejecting" in title
+        elif status == "bonus":
+            assert "free target token" in title
+    # the user's text is escaped, never interpreted
+    assert "Name three &lt;b&gt;colours&lt;/b&gt;." in final_html and "<b>colours</b>" not in final_html
+    # the next prompt is built from plain text only
+    assert state.history()[0] == ("Name three <b>colours</b>.", run.text)
+    assert "<span" not in state.history()[0][1]
+    # the stats panel reports the reply
+    assert 'data-stat="tps"' in stats_html and "acceptance" in stats_html
+    assert re.search(r'data-stat="acc"><div class="ls-card-v">\d+%', stats_html)
+    assert re.search(r'data-stat="speedup"><div class="ls-card-v">\d+\.\d\d×', stats_html)
+    assert "ls-verdict" in stats_html
+
+
+def test_second_turn_reuses_plain_history(conversation):
+    _outputs, state = conversation
+    assert len(state.turns) == 2
+    prompt = state.turns[1].run.header["prompt_text"]
+    assert "Name three <b>colours</b>." in prompt and state.turns[0].run.text in prompt
+    assert "ls-tok" not in prompt and "<span" not in prompt
+
+
+def test_stop_ends_the_reply_within_one_step(app):
+    state = ChatState()
+    stream = app.respond("Tell me a long story about a dragon.", state, settings(max_tokens=200), key="t3")
+    seen = 0
+    for _chat, *_ in stream:
+        run = state.turns[-1].run if state.turns else None
+        if run is not None and len(run.tokens) >= 3:
+            seen = len(run.tokens)
+            app.stop("t3")
+            break
+    rest = list(stream)
+    run = state.turns[-1].run
+    assert run.result["stop_reason"] == "cancelled"
+    assert len(run.tokens) <= seen + 2 * (4 + 1), "the loop must stop within one step of the request"
+    assert len(run.tokens) < 200
+    assert "stopped" in rest[-1][0]
+    # the next reply is not cancelled by the old request
+    list(app.respond("Hi", state, settings(max_tokens=6), key="t3"))
+    assert state.turns[-1].run.result["stop_reason"] != "cancelled"
+
+
+def test_bad_settings_show_a_one_line_error_and_keep_the_message(app):
+    state = ChatState()
+    chat_html, _stats, notice, state, textbox = list(app.respond("Hi", state, settings(temperature=-1), key="t4"))[-1]
+    assert "temperature" in notice and "ls-notice-error" in notice
+    assert textbox == "Hi" and state.turns == []
+
+
+def test_incompatible_pair_shows_error_and_the_app_stays_usable(app, demo_paths):
+    target, draft, _ = demo_paths
+    before = app.session.engine
+    notice, badge = app.load_pair(str(target), str(GEMMA))
+    assert "ls-notice-error" in notice
+    assert "still using" in notice and "Q4_1" in badge
+    assert app.session.engine is before
+    notice, _ = app.load_pair(str(target), "models/does-not-exist.gguf")
+    assert "does-not-exist.gguf" in notice and app.session.engine is before
+    state = ChatState()
+    *_, (chat_html, _s, notice, state, _t) = app.respond("Hi", state, settings(max_tokens=6), key="t5")
+    assert notice == "" and spans(chat_html)
+
+
+def test_trace_save_and_load_round_trip(app, conversation, tmp_path):
+    state = ChatState(turns=conversation[1].turns[:1], view=conversation[1].turns[0].run)
+    live = state.view
+    path = live.save(tmp_path / "ui.jsonl")
+    trace = read_trace(path)  # the CLI's reader accepts it
+    assert trace.header["prompt_tokens"] == live.header["prompt_tokens"]
+    assert trace.result["text"] == live.text and len(trace.tokens) == len(live.tokens)
+    assert set(json.loads(path.read_text().splitlines()[0])) >= {"kind", "version", "target", "draft", "config",
+                                                                "options", "prompt_text", "prompt_tokens"}  # fmt: skip
+    loaded_state, notice = app.load_trace(str(path), ChatState())
+    assert "ls-notice-ok" in notice
+    loaded = loaded_state.view
+    assert loaded.events == live.events
+    summary, rows, *_plots, choices, selected, top = app.debug_outputs(loaded_state)
+    assert rows == app.debug_outputs(state)[1] and len(rows[0]) == len(STEP_COLUMNS)
+    assert "loaded trace" in summary and len(choices) == len(live.tokens)
+    assert "target p (top-10)" in top and top.count("<tr") >= 10
+
+
+def test_trace_written_by_the_cli_loads_in_the_ui(app, demo_paths, tmp_path):
+    target, draft, _ = demo_paths
+    path = tmp_path / "cli.jsonl"
+    done = run_cli("generate", "What is 2+2?", "--max-tokens", "12", "--ctx", "1024", "--seed", "3",
+                   "--target", str(target), "--draft", str(draft), "--trace", str(path), "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    state, notice = app.load_trace(str(path), ChatState())
+    assert "ls-notice-ok" in notice
+    assert state.view.text == result["text"]
+    assert [t["status"] for t in state.view.tokens] == result["statuses"]
+    summary, rows, fig_pos, _fig_run, fig_time, choices, _sel, _top = app.debug_outputs(state)
+    assert len(rows) >= result["stats"]["steps"]
+    assert len(fig_time.axes[0].patches) == 3 * result["stats"]["steps"]  # draft + verify + other per step
+    assert len(fig_pos.axes[0].patches) == len(result["stats"]["drafted_by_position"])
+
+
+def test_loading_a_file_that_is_not_a_trace_says_so(app, tmp_path):
+    bad = tmp_path / "notes.jsonl"
+    bad.write_text("hello\n")
+    state, notice = app.load_trace(str(bad), ChatState())
+    assert "ls-notice-error" in notice and "not JSON" in notice and state.view is None
+
+
+def test_replay_without_draft_is_byte_identical_in_invariant_mode(app):
+    state = ChatState()
+    list(app.respond("Write one sentence about the sea.", state, settings(mode="invariant", seed=5, max_tokens=16),
+                     key="t7"))  # fmt: skip
+    assert state.view.header["options"]["mode"] == "invariant"
+    verdict, report = app.replay(state)
+    assert report is not None and report.replay.header["options"]["draft_tokens"] == 0
+    assert report.replay.stats().drafted == 0
+    assert report.identical, report.explanation
+    assert report.replay.text.encode() == state.view.text.encode()
+    assert "byte-identical" in verdict and "ls-notice-ok" in verdict
+
+
+def test_replay_refuses_a_non_invariant_reply(app):
+    state = ChatState()
+    list(app.respond("Hi", state, settings(max_tokens=4), key="t8"))
+    verdict, report = app.replay(state)
+    assert report is None and "invariant" in verdict and "ls-notice-error" in verdict
+
+
+def test_replay_marks_the_first_difference(app, monkeypatch):
+    """A run whose recorded tokens were tampered with must be reported as different, at that token."""
+    # the batch-invariance measurement itself is the doctor's (and is slow); here only its report is shown
+    report = InvarianceReport("demo-target", identical=False, max_abs_diff=0.02, rows_compared=8, details=["probe"])
+    monkeypatch.setattr(app.session.engine, "invariance", lambda measure=True: report)
+    state = ChatState()
+    list(app.respond("Name a fruit.", state, settings(mode="invariant", seed=9, max_tokens=12), key="t9"))
+    run = state.view
+    tampered = Run(header=run.header, events=[dict(e) for e in run.events])
+    tokens = tampered.tokens
+    tokens[3]["token_id"] = tokens[3]["token_id"] + 1
+    tokens[3]["text"] = "XYZ"
+    tampered.events = [e for e in tampered.events if e.get("kind") != "result"]
+    state.view = tampered
+    verdict, report = app.replay(state)
+    assert report is not None and not report.identical and report.first_difference == 3
+    assert "token #4" in verdict and "batch invariance" in verdict and "ls-hl" in verdict
+    assert "DIFFER" in verdict  # the measured report is shown to the user
+
+
+def test_clicking_a_token_selects_it_for_the_debugging_view(app, conversation):
+    state = ChatState(turns=list(conversation[1].turns), view=conversation[1].turns[1].run)
+    state = app.pick_from_chat("0:2:123", state)
+    assert state.view is state.turns[0].run and state.selected == 2
+    *_, selected, top = app.debug_outputs(state)
+    assert selected == 2 and "token #3" in top
+
+
+def test_stop_from_another_thread_while_streaming(app):
+    """The Stop button runs on another worker thread than the streaming reply."""
+    state = ChatState()
+    timer = threading.Timer(0.5, app.stop, args=("t11",))
+    timer.start()
+    try:
+        list(app.respond("Tell me a long story about a castle.", state, settings(max_tokens=400), key="t11"))
+    finally:
+        timer.cancel()
+    assert state.turns[-1].run.result["stop_reason"] == "cancelled"
+
+
+def test_regenerate_resends_the_last_message_and_clear_empties(app, conversation):
+    state = ChatState(turns=list(conversation[1].turns))
+    message, state, chat_html = app.pop_for_regenerate(state)
+    assert message == "Now say goodbye." and len(state.turns) == 1
+    assert "Now say goodbye." in chat_html and len(spans(chat_html)) == len([t for t in state.turns[0].run.tokens if t["text"]])
+    new_state, chat_html, stats_html, notice = app.clear()
+    assert new_state.turns == [] and "Ask anything" in chat_html and notice == ""

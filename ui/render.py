@@ -1,0 +1,314 @@
+"""HTML for replies whose every token shows its fate (DESIGN §8), and the stats panel.
+
+Everything here is a pure function of plain dicts — the ``to_dict()`` form of
+:mod:`localspec.events`, which is also what a JSONL trace holds — so a live
+reply and a trace loaded from disk render identically. Token text is always
+HTML-escaped; colour is never the only cue (class + underline style + a
+``title`` tooltip with the evidence + a legend).
+
+Markdown: a reply is split into prose and fenced code blocks. Prose keeps its
+line breaks (``white-space: pre-wrap``); a code block becomes a ``<pre>`` of
+coloured spans with the fence lines shown as a small language label, so code
+stays monospaced and readable instead of a coloured fence breaking the
+markdown renderer.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+STATUSES = ("accepted", "corrected", "bonus", "target")
+LABELS = {
+    "accepted": "accepted draft token",
+    "corrected": "corrected by the target",
+    "bonus": "bonus target token",
+    "target": "target only (no draft)",
+}
+
+_FENCE = re.compile(r"^```([^\n`]*)\n(.*?)(?:^```[ \t]*$\n?|\Z)", re.MULTILINE | re.DOTALL)
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if value != 0 and abs(value) < 10 ** (-digits):
+        return f"{value:.1e}"
+    return f"{value:.{digits}f}"
+
+
+def quote_piece(text: str | None) -> str:
+    """A token's text as shown inside a tooltip or table: quoted, with whitespace made visible."""
+    if text is None:
+        return "–"
+    shown = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    return f"'{shown}'"
+
+
+def token_tooltip(token: dict[str, Any], rows_by_position: dict[int, dict[str, Any]] | None = None) -> str:
+    """The evidence behind one token's fate, as plain text (escaped later by the caller)."""
+    status = token.get("status", "target")
+    p, q = token.get("p"), token.get("q")
+    accept, uniform = token.get("accept_prob"), token.get("uniform")
+    row = (rows_by_position or {}).get(token.get("position"))
+    where = f"token #{token.get('index', 0) + 1}, step {token.get('step', 0) + 1}"
+    if status == "accepted":
+        parts = [f"accepted draft token ({where})", f"p(token) = {_fmt(p)} · q(token) = {_fmt(q)}"]
+        if accept is not None:
+            parts.append(f"acceptance probability min(1, p/q) = {_fmt(accept)}")
+        if uniform is not None:
+            parts.append(f"uniform u = {_fmt(uniform)} < {_fmt(accept)} → kept")
+        elif accept is not None:
+            parts.append("decided without a uniform: the target picked the same token")
+        return "\n".join(parts)
+    if status == "corrected":
+        rejected = row.get("draft_text") if row else None
+        rejected = quote_piece(rejected) if rejected is not None else f"token id {token.get('rejected_token')}"
+        parts = [f"corrected ({where}): drawn from the residual max(0, p − q) after rejecting {rejected}"]
+        if p is not None or q is not None:
+            parts.append(f"rejected draft token: p = {_fmt(p)} · q = {_fmt(q)}")
+        if accept is not None:
+            parts.append(f"acceptance probability min(1, p/q) = {_fmt(accept)}")
+        if uniform is not None:
+            parts.append(f"uniform u = {_fmt(uniform)} ≥ {_fmt(accept)} → rejected")
+        elif accept is not None:
+            parts.append("decided without a uniform: the target picked a different token")
+        return "\n".join(parts)
+    if status == "bonus":
+        parts = [f"bonus: free target token ({where}) — every draft token of this step was accepted"]
+        if row and row.get("top_p"):
+            top = {entry["token"]: entry["prob"] for entry in row["top_p"]}
+            if token.get("token_id") in top:
+                parts.append(f"p(token) = {_fmt(top[token['token_id']])}")
+        return "\n".join(parts)
+    return f"target only ({where}): sampled by the target with no draft"
+
+
+@dataclass
+class _Region:
+    kind: str  # prose / code / open (fence line) / close (fence line)
+    start: int
+    end: int
+    lang: str = ""
+
+
+def _regions(text: str) -> list[_Region]:
+    """Split reply text into prose, fenced code, and the fence lines themselves."""
+    regions: list[_Region] = []
+    cursor = 0
+    for match in _FENCE.finditer(text):
+        if match.start() > cursor:
+            regions.append(_Region("prose", cursor, match.start()))
+        regions.append(_Region("open", match.start(), match.start(2), match.group(1).strip()))
+        regions.append(_Region("code", match.start(2), match.end(2), match.group(1).strip()))
+        if match.end() > match.end(2):
+            regions.append(_Region("close", match.end(2), match.end()))
+        cursor = match.end()
+    if cursor < len(text):
+        regions.append(_Region("prose", cursor, len(text)))
+    return regions
+
+
+def rows_by_position(steps: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Verified rows of every step, keyed by absolute position (the later step wins)."""
+    out: dict[int, dict[str, Any]] = {}
+    for step in steps:
+        for row in step.get("rows", []):
+            if row.get("outcome") != "not-reached":
+                out[row["position"]] = row
+    return out
+
+
+def render_tokens(
+    tokens: Sequence[dict[str, Any]],
+    steps: Sequence[dict[str, Any]] = (),
+    highlight: int | None = None,
+    cursor: bool = False,
+) -> str:
+    """A reply as coloured, escaped spans; code fences become ``<pre>`` blocks."""
+    by_position = rows_by_position(steps)
+    pieces = [t.get("text", "") for t in tokens]
+    text = "".join(pieces)
+    starts = []
+    offset = 0
+    for piece in pieces:
+        starts.append(offset)
+        offset += len(piece)
+    titles: dict[int, str] = {}
+    out: list[str] = []
+    index = 0  # first token that may overlap the current region
+    for region in _regions(text):
+        if region.kind in ("open", "close"):  # fence lines: hidden, the opening one becomes a label
+            while index < len(tokens) and starts[index] + len(pieces[index]) <= region.end:
+                index += 1
+            if region.kind == "open":
+                out.append(f'<div class="ls-code-label">{html.escape(region.lang or "code")}</div>')
+            continue
+        body: list[str] = []
+        i = index
+        while i < len(tokens) and starts[i] < region.end:
+            lo = max(starts[i], region.start)
+            hi = min(starts[i] + len(pieces[i]), region.end)
+            if hi > lo:
+                if i not in titles:
+                    titles[i] = html.escape(token_tooltip(tokens[i], by_position), quote=True)
+                status = tokens[i].get("status", "target")
+                status = status if status in STATUSES else "target"
+                extra = " ls-hl" if highlight is not None and i == highlight else ""
+                body.append(
+                    f'<span class="ls-tok ls-{status}{extra}" data-status="{status}" data-i="{i}" '
+                    f'title="{titles[i]}">{html.escape(pieces[i][lo - starts[i] : hi - starts[i]])}</span>'
+                )
+            if starts[i] + len(pieces[i]) <= region.end:
+                i += 1
+            else:
+                break
+        index = i
+        if region.kind == "code":
+            out.append(f'<pre class="ls-code"><code>{"".join(body)}</code></pre>')
+        else:
+            out.append(f'<span class="ls-prose">{"".join(body)}</span>')
+    if cursor:
+        out.append('<span class="ls-cursor">▍</span>')
+    return "".join(out)
+
+
+def legend() -> str:
+    """The colour key, with the same classes the tokens use (and words, not just colour)."""
+    items = "".join(
+        f'<span class="ls-legend-item"><span class="ls-tok ls-{s}" data-status="{s}">{html.escape(s)}</span>'
+        f'<span class="ls-legend-text">{html.escape(LABELS[s])}</span></span>'
+        for s in STATUSES
+    )
+    return (
+        f'<div class="ls-legend" id="ls-legend">{items}'
+        '<span class="ls-legend-hint">hover a token for p, q, acceptance probability and the uniform that decided it;'
+        " click it to inspect its top-10 in the Debugging tab</span></div>"
+    )
+
+
+def status_counts(tokens: Iterable[dict[str, Any]]) -> dict[str, int]:
+    counts = {s: 0 for s in STATUSES}
+    for token in tokens:
+        status = token.get("status", "target")
+        counts[status if status in counts else "target"] += 1
+    return counts
+
+
+def render_conversation(turns: Sequence[Any], pending: str | None = None, busy: bool = True) -> str:
+    """The whole chat: user bubbles in plain escaped text, assistant bubbles as token spans.
+
+    ``turns`` are objects with ``user`` (str) and ``run`` (a :class:`ui.session.Run`
+    or None while waiting). ``pending`` is a message queued behind another
+    conversation's generation (``busy``) or about to start.
+    """
+    parts: list[str] = []
+    for n, turn in enumerate(turns):
+        parts.append(_user_bubble(turn.user))
+        run = turn.run
+        last = n == len(turns) - 1
+        if run is None:
+            parts.append(_waiting_bubble())
+            continue
+        streaming = run.result is None and last and not run.error
+        body = render_tokens(run.tokens, run.steps, cursor=streaming)
+        if not run.tokens and streaming:
+            body = '<span class="ls-muted">thinking…</span><span class="ls-cursor">▍</span>'
+        footer = _reply_footer(run)
+        parts.append(
+            f'<div class="ls-msg ls-assistant" data-turn="{n}"><div class="ls-bubble">{body}</div>{footer}</div>'
+        )
+    if pending is not None:
+        parts.append(_user_bubble(pending))
+        parts.append(_waiting_bubble() if busy else _thinking_bubble())
+    if not parts:
+        parts.append(
+            '<div class="ls-empty"><div class="ls-empty-title">Ask anything.</div>'
+            "<div>Every token of the reply is coloured by its fate: a draft token the target "
+            "<b>accepted</b>, a token the target <b>corrected</b> after rejecting the draft, or the "
+            "free <b>bonus</b> token after a fully accepted draft.</div></div>"
+        )
+    return f'<div class="ls-chat" id="ls-chat-log">{"".join(parts)}</div>'
+
+
+def _user_bubble(text: str) -> str:
+    return f'<div class="ls-msg ls-user"><div class="ls-bubble">{html.escape(text)}</div></div>'
+
+
+def _waiting_bubble() -> str:
+    return (
+        '<div class="ls-msg ls-assistant"><div class="ls-bubble ls-waiting" id="ls-waiting">'
+        '<span class="ls-spinner" aria-hidden="true"></span>'
+        "waiting for the other conversation to finish — the models generate one reply at a time"
+        "</div></div>"
+    )
+
+
+def _thinking_bubble() -> str:
+    return (
+        '<div class="ls-msg ls-assistant"><div class="ls-bubble"><span class="ls-muted">thinking…</span>'
+        '<span class="ls-cursor">▍</span></div></div>'
+    )
+
+
+def _reply_footer(run: Any) -> str:
+    counts = status_counts(run.tokens)
+    chips = " ".join(
+        f'<span class="ls-chip ls-chip-{s}">{counts[s]} {s}</span>' for s in STATUSES if counts[s]
+    )
+    extra = ""
+    if run.error:
+        extra = f'<span class="ls-chip ls-chip-error">error: {html.escape(run.error)}</span>'
+    elif run.result is not None:
+        reason = run.result.get("stop_reason", "")
+        if reason == "cancelled":
+            extra = '<span class="ls-chip ls-chip-stop">stopped</span>'
+        elif reason in ("max_tokens", "context_full"):
+            extra = f'<span class="ls-chip">stop: {html.escape(reason.replace("_", " "))}</span>'
+    mode = run.header.get("options", {}).get("mode", "")
+    seed = run.header.get("options", {}).get("seed")
+    meta = f'<span class="ls-meta">{html.escape(str(mode))} · seed {seed}</span>' if mode else ""
+    return f'<div class="ls-footer">{chips} {extra} {meta}</div>'
+
+
+def notice_html(message: str, kind: str = "error") -> str:
+    """A one-line banner (errors, information) shown under the chat."""
+    if not message:
+        return ""
+    icon = {"error": "⚠", "info": "ℹ", "ok": "✓"}.get(kind, "")
+    return f'<div class="ls-notice ls-notice-{kind}" role="alert">{icon} {html.escape(message)}</div>'
+
+
+def stats_html(speed: Any | None, pair: str = "") -> str:
+    """The live stats panel: tok/s, acceptance, tokens per step, measured vs predicted speedup, verdict."""
+
+    def card(label: str, value: str, hint: str = "", key: str = "") -> str:
+        return (
+            f'<div class="ls-card" data-stat="{key}"><div class="ls-card-v">{html.escape(value)}</div>'
+            f'<div class="ls-card-k">{html.escape(label)}</div>'
+            + (f'<div class="ls-card-h">{html.escape(hint)}</div>' if hint else "")
+            + "</div>"
+        )
+
+    pair_line = f'<div class="ls-pair">{html.escape(pair)}</div>' if pair else ""
+    if speed is None or not speed.tokens:
+        return f'<div class="ls-stats" id="ls-stats">{pair_line}<div class="ls-muted">Stats appear as the reply streams.</div></div>'
+    speedup = f"{speed.measured_speedup:.2f}×" if speed.measured_speedup is not None else "–"
+    predicted = f"predicted {speed.predicted_speedup:.2f}×" if speed.predicted_speedup is not None else ""
+    if speed.target_token_s:
+        predicted += f" · target alone {speed.target_token_s * 1000:.0f} ms/token"
+    cards = "".join([
+        card("tokens / s", f"{speed.tokens_per_second:.1f}", f"{speed.tokens} tokens", "tps"),
+        card("acceptance", f"{speed.acceptance:.0%}" if speed.acceptance is not None else "–", "accepted / drafted", "acc"),
+        card("tokens / step", f"{speed.tokens_per_step:.2f}", "emitted per target pass", "tps-step"),
+        card("speedup", speedup, predicted or "vs the target alone", "speedup"),
+    ])  # fmt: skip
+    slow = speed.measured_speedup is not None and speed.measured_speedup < 0.95
+    verdict = (
+        f'<div class="ls-verdict{" ls-verdict-slow" if slow else ""}">{html.escape(speed.verdict)}</div>'
+        if speed.verdict
+        else ""
+    )
+    return f'<div class="ls-stats" id="ls-stats">{pair_line}<div class="ls-cards">{cards}</div>{verdict}</div>'
