@@ -77,23 +77,6 @@ class _LlamaLog:
         return ""
 
 
-def _allow_amx_tiles() -> None:
-    """Ask Linux for the AMX tile state before ggml first touches it.
-
-    A build with ``-march=native`` on an AMX-capable Xeon compiles ggml's AMX
-    matmul; Linux only lets a process execute tile instructions after
-    ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``, and without it the
-    first quantized matmul dies with SIGILL (seen on this project's machines).
-    Harmless elsewhere: the call fails quietly where AMX does not exist.
-    """
-    if sys.platform != "linux" or os.uname().machine != "x86_64":
-        return
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syscall(158, 0x1023, 18)  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
-
-
-_allow_amx_tiles()
 _LOG = _LlamaLog()
 C.llama_backend_init()
 
