@@ -107,6 +107,9 @@ def test_a_second_tab_sees_a_waiting_message_while_the_first_generates(page, ui_
         other.goto(url, wait_until="load")
         other.wait_for_selector("#ls-message textarea", timeout=60_000)
         page.get_by_role("tab", name="Chat").click()
+        # a reply long enough (~10 s) that the second tab surely asks while the first is generating
+        page.locator("#ls-max-tokens input").fill("400")
+        page.locator("#ls-max-tokens input").press("Tab")
         page.locator("#ls-message textarea").fill("Tell me about rivers.")
         page.locator("#ls-send").click()
         page.wait_for_selector("#ls-chat-log .ls-cursor", timeout=60_000)  # the first tab is streaming
@@ -116,6 +119,7 @@ def test_a_second_tab_sees_a_waiting_message_while_the_first_generates(page, ui_
         waiting.wait_for(timeout=10_000)
         assert "waiting for the other conversation" in waiting.inner_text()
         other.screenshot(path=str(ARTIFACTS / "ui-second-tab-waiting.png"))
+        page.locator("#ls-stop").click()  # the first reply ends within one step and the queue moves on
         # once the first reply is done, the second tab gets its own coloured reply
         other.wait_for_function(
             "document.querySelectorAll('#ls-chat-log .ls-assistant .ls-tok[data-status]').length > 0"

@@ -272,7 +272,8 @@ def build(app: ChatApp, startup_notice: str = ""):
                                 min_p = gr.Number(defaults.min_p, label="min-p", minimum=0, maximum=1, step=0.01)
                             with gr.Row():
                                 seed = gr.Number(defaults.seed, label="seed (-1 = fresh)", precision=0)
-                                max_tokens = gr.Number(defaults.max_tokens, label="max tokens", precision=0, minimum=1)
+                                max_tokens = gr.Number(defaults.max_tokens, label="max tokens", precision=0, minimum=1,
+                                                       elem_id="ls-max-tokens")
                             system = gr.Textbox(defaults.system_prompt, label="system prompt", lines=2,
                                                 placeholder="empty = the template's default")  # fmt: skip
                         with gr.Accordion("Model pair", open=False):
