@@ -174,16 +174,10 @@ def probabilities(
     """The probability vector (float64, sums to 1) that sampling and verification use.
 
     At ``temperature == 0`` this is the exact one-hot of :func:`greedy_token`.
+    The normalised form of :func:`weights`: one transform, so dense rows and the
+    hot path's unnormalised rows can never disagree.
     """
-    size = vocab_size if vocab_size is not None else len(logits)
-    if params.greedy:
-        out = np.zeros(size)
-        out[greedy_token(logits, params, history, size)] = 1.0
-        return out
-    row = log_weights(logits, params, history, size)
-    np.exp(row, out=row)
-    row /= row.sum()
-    return row
+    return weights(logits, params, history, vocab_size).dense()
 
 
 def greedy_token(
@@ -327,8 +321,3 @@ def prob_of(row, token: int) -> float:
 def dense_of(row) -> np.ndarray:
     """The normalised full row of a dense row or a :class:`Weights`."""
     return row.dense() if isinstance(row, Weights) else row
-
-
-def draw(row, rng: np.random.Generator) -> int:
-    """One draw from a dense row or a :class:`Weights`."""
-    return row.sample(rng) if isinstance(row, Weights) else sample_index(row, rng)

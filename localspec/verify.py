@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import dense_of, draw, prob_of
+from .sampling import dense_of, prob_of, sample_index
 
 
 @dataclass
@@ -78,8 +78,8 @@ def verify_rejection(
             residual = np.subtract(dense_of(p_row), dense_of(q_row))  # full rows only on a rejection
             np.maximum(residual, 0.0, out=residual)
             mass = float(residual.sum())
-            return Verdict(i, draw(residual, rng), False, checks, residual_mass=mass)
-    return Verdict(len(draft), draw(p_rows[len(draft)], rng), True, checks)
+            return Verdict(i, sample_index(residual, rng), False, checks, residual_mass=mass)
+    return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
 
 
 def verify_onehot(
@@ -103,8 +103,8 @@ def verify_onehot(
         if not accepted:
             residual = np.array(dense_of(p_row), dtype=np.float64)  # a copy: rows may be shared
             residual[token] = 0.0
-            return Verdict(i, draw(residual, rng), False, checks, residual_mass=1.0 - p_tok)
-    return Verdict(len(draft), draw(p_rows[len(draft)], rng), True, checks)
+            return Verdict(i, sample_index(residual, rng), False, checks, residual_mass=1.0 - p_tok)
+    return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
 
 
 def verify_greedy(draft: Sequence[int], target_argmax: Sequence[int]) -> Verdict:
@@ -150,13 +150,13 @@ def verify_token_match(
     checks: list[DraftCheck] = []
     for i, token in enumerate(draft):
         p_row = p_rows[i]
-        pick = draw(p_row, rng)
+        pick = sample_index(p_row, rng)
         accepted = pick == token
         p_tok = prob_of(p_row, token)
         checks.append(DraftCheck(token, p_tok, float("nan"), p_tok, None, accepted, pick))
         if not accepted:
             return Verdict(i, pick, False, checks)
-    return Verdict(len(draft), draw(p_rows[len(draft)], rng), True, checks)
+    return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
 
 
 def acceptance_rate(p: np.ndarray, q: np.ndarray) -> float:
