@@ -62,8 +62,8 @@ class SamplingConfig(SamplingParams):
 @dataclass(frozen=True)
 class SpeculativeConfig(_Section):
     mode: str = setting("rejection", "how drafts are verified", choices=MODES)
-    draft_tokens: int = setting(4, "draft tokens per step (K); the maximum when adaptive", 0, MAX_DRAFT_TOKENS)
-    adaptive: bool = setting(False, "choose K each step from measured acceptance and costs")
+    draft_tokens: int = setting(8, "draft tokens per step (K); the maximum when adaptive", 0, MAX_DRAFT_TOKENS)
+    adaptive: bool = setting(True, "choose K each step from measured acceptance and costs")
     min_draft_tokens: int = setting(1, "smallest K adaptive drafting may choose", 0, MAX_DRAFT_TOKENS)
     ngram_max: int = setting(3, "longest n-gram the prompt-lookup drafter matches", 1, 16)
 
@@ -132,6 +132,12 @@ class Config:
             if section not in _SECTIONS or name not in _field_names(getattr(self, section)):
                 raise ConfigError(f"unknown setting {key!r}{_suggest(key, all_keys())}")
             by_section.setdefault(section, {})[name] = value
+        spec = by_section.get("speculative", {})
+        k = spec.get("draft_tokens")
+        if isinstance(k, int) and "min_draft_tokens" not in spec and k < self.speculative.min_draft_tokens:
+            # an explicit K (say -k 0) below the configured adaptive minimum lowers that minimum
+            # rather than being refused: the minimum is a default, the K was asked for
+            spec["min_draft_tokens"] = k
         return replace(self, **{s: replace(getattr(self, s), **v) for s, v in by_section.items()})
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

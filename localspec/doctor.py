@@ -208,6 +208,12 @@ def run_doctor(config) -> list[str]:
         return lines + [f"pair: {error}"]
     try:
         lines.append(f"pair: {engine.pair_name} — compatible")
+        for model in (engine.target, engine.draft_model):
+            if model is not None:
+                rows = "one row per decode" if model.rows_per_decode == 1 else f"up to {model.rows_per_decode} rows per decode"
+                lines.append(
+                    f"weights ({model.role}): {' + '.join(model.weight_buffers) or '?'} buffers, {rows} — {model.placement.reason}"
+                )
         target_settings = {"flash_attention": engine.settings.flash_attention, "threads": engine.target.threads,
                            "n_gpu_layers": engine.settings.n_gpu_layers}  # fmt: skip
         probe = probe_tokens(lambda text: engine.target.tokenize(text, add_special=True, parse_special=False))

@@ -67,8 +67,9 @@ class ModelDrafter:
         """Evaluate what the cache misses of ``context`` in ONE batch; return the last row's logits.
 
         After a fully accepted step the draft lacks ``d_K`` *and* the bonus
-        token: one batch of two costs about what one token costs, instead of
-        two sequential decodes (most steps are fully accepted with a close draft).
+        token: one batch of two costs much less than two sequential decodes
+        (most steps are fully accepted with a close draft). A draft on AMX
+        weights splits it into one-row decodes itself (see ``weight_placement``).
         """
         cached = self.model.cached_tokens
         keep = min(common_prefix_length(cached, context), len(context) - 1)

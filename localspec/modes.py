@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .noise import NoiseTable
+from .noise import gumbel_max_sample, stream_key
 from .sampling import SamplingParams, greedy_token, log_weights, weights
 from .verify import (
     Verdict,
@@ -137,14 +137,21 @@ class InvariantMode(Mode):
 
     def __init__(self, params, rng, vocab_size, seed: int, request_key: int) -> None:
         super().__init__(params, rng, vocab_size)
-        self.noise = NoiseTable(seed, request_key, vocab_size)
+        self.seed = seed
+        self.request_key = request_key
+        # without filters the log-weights are just logits / T: no full-vocabulary pass before the pick
+        self._plain = not params.top_k and params.top_p >= 1.0 and params.min_p <= 0.0
 
     def _coupled_pick(self, logits: np.ndarray, history: Sequence[int], position: int) -> int:
         if self.params.greedy:
             return greedy_token(logits, self.params, history, self.vocab_size)
-        weights = log_weights(logits, self.params, history, self.vocab_size)
-        weights += self.noise(position)
-        return int(np.argmax(weights))
+        key = stream_key(self.seed, self.request_key, position)
+        raw = np.asarray(logits)
+        scale = 1.0 / self.params.temperature
+        plain = self._plain and not (self.params.has_penalties and len(history)) and np.isfinite(scale)
+        if plain and raw.ndim == 1 and raw.shape[0] == self.vocab_size:
+            return gumbel_max_sample(raw, scale, key)
+        return gumbel_max_sample(log_weights(logits, self.params, history, self.vocab_size), 1.0, key)
 
     def pick_draft(self, logits, history, position):
         return self._coupled_pick(logits, history, position), None

@@ -1,17 +1,15 @@
-"""The performance model of DESIGN §7, shared by the stats lines, the UI, adaptive K and the benchmark.
+"""The performance model of DESIGN §7, shared by the UI, adaptive K and the benchmark.
 
 A speculative step drafts ``k`` tokens (``k * t_draft`` seconds), verifies
-``k + 1`` rows in one target batch (``t_verify(k)``) and spends some time
+``k + 1`` rows in one target batch (``t_verify(k + 1)``) and spends some time
 outside llama.cpp (``t_other``). With per-token acceptance probability
 ``alpha`` it emits on average ``(1 - alpha**(k+1)) / (1 - alpha)`` tokens.
 Target-only decoding emits one token per ``t_target``. Everything here is a
-pure function of those measured numbers, so what the terminal, the UI and the
-benchmark predict is the same prediction.
+pure function of those measured numbers, so what the UI and the benchmark
+predict is the same prediction.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -24,35 +22,39 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-@dataclass(frozen=True)
-class StepCosts:
-    """Measured seconds: one draft token, one verification step of ``k + 1`` rows, and the rest of a step."""
+def steps_by_k(stats) -> dict[int, int]:
+    """How many steps of a :class:`GenerationStats` drafted exactly ``k`` tokens.
 
-    t_draft: float  # per drafted token
-    t_verify: float  # per verification batch (at the k it was measured with)
-    t_other: float = 0.0  # per step, outside llama_decode (sampling, bookkeeping, detokenization)
-
-    def step_seconds(self, k: int) -> float:
-        return k * self.t_draft + self.t_verify + self.t_other
-
-
-def predicted_tokens_per_second(alpha: float, k: int, costs: StepCosts) -> float:
-    """Expected throughput of speculative decoding with ``k`` drafts per step."""
-    seconds = costs.step_seconds(k)
-    return expected_tokens_per_step(alpha, k) / seconds if seconds > 0 else 0.0
+    ``drafted_by_position[i]`` counts the steps that drafted at least ``i + 1``
+    tokens, so the differences of neighbours are the histogram of ``k``.
+    """
+    at_least = list(stats.drafted_by_position) + [0]
+    counts = {0: stats.steps - (at_least[0] if stats.drafted_by_position else 0)}
+    for k in range(1, len(at_least)):
+        counts[k] = at_least[k - 1] - at_least[k]
+    return {k: n for k, n in counts.items() if n > 0}
 
 
-def predicted_speedup(alpha: float, k: int, costs: StepCosts, t_target: float) -> float:
-    """DESIGN §7: ``E[tokens] * t_target / (k * t_draft + t_verify(k + 1) + t_other)``."""
-    return predicted_tokens_per_second(alpha, k, costs) * t_target
+def expected_tokens(stats) -> float:
+    """Sum over a reply's steps of ``E[tokens](alpha, k_step)`` at the reply's measured alpha."""
+    return sum(n * expected_tokens_per_step(stats.alpha, k) for k, n in steps_by_k(stats).items())
 
 
-def costs_from_stats(stats) -> StepCosts | None:
-    """Per-token draft cost and per-step verify/other costs from a :class:`GenerationStats`."""
-    if not stats.steps:
+def predicted_speedup(stats, t_target: float) -> float | None:
+    """DESIGN §7 for a finished reply: ``sum_steps E[tokens](alpha, k_step) * t_target / decode seconds``.
+
+    The decode seconds are the reply's own ``sum_steps (k t_draft + t_verify(k + 1) + t_other)``,
+    and each step counts with its own ``k``, so this holds for adaptive K too. The
+    benchmark, the UI and the terminal all use this one function.
+    """
+    return model_speedup(expected_tokens(stats), t_target, stats.decode_s) if stats.steps else None
+
+
+def model_speedup(expected: float, t_target: float, decode_s: float) -> float | None:
+    """``expected`` tokens in ``decode_s`` seconds, over target-only at ``t_target`` seconds per token."""
+    if decode_s <= 0 or not t_target:
         return None
-    t_draft = stats.draft_s / stats.drafted if stats.drafted else 0.0
-    return StepCosts(t_draft, stats.verify_s / stats.steps, stats.other_s / stats.steps)
+    return expected * t_target / decode_s
 
 
 def speedup_verdict(measured: float, predicted: float | None = None, alpha: float | None = None) -> str:

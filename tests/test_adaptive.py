@@ -12,6 +12,7 @@ import pytest
 
 from localspec.adaptive import AdaptiveK
 from localspec.drafters import ModelDrafter
+from localspec.config import Config
 from localspec.errors import ConfigError
 from localspec.events import GenerationResult, StepEvent
 from localspec.generation import GenerationOptions, SpeculativeDecoder
@@ -177,6 +178,20 @@ def test_adaptive_options_are_checked() -> None:
         GenerationOptions(draft_tokens=3, adaptive=True, min_draft_tokens=5)
 
 
+def test_adaptive_is_the_default_and_an_explicit_small_k_lowers_its_minimum() -> None:
+    """Adaptive K is on by default (it won the benchmark); `-k 0` must still work rather than
+    collide with the default minimum of 1, while a contradictory pair given together is refused."""
+    config = Config()
+    assert config.speculative.adaptive and config.speculative.draft_tokens == 8
+    assert config.speculative.min_draft_tokens == 1
+    lowered = config.with_overrides({"speculative.draft_tokens": 0})
+    assert (lowered.speculative.draft_tokens, lowered.speculative.min_draft_tokens) == (0, 0)
+    kept = config.with_overrides({"speculative.draft_tokens": 3})
+    assert kept.speculative.min_draft_tokens == 1
+    with pytest.raises(ConfigError, match="min_draft_tokens = 5 exceeds"):
+        config.with_overrides({"speculative.draft_tokens": 3, "speculative.min_draft_tokens": 5})
+
+
 # ---------------------------------------------------------------------------
 # fast paths: one draft batch per fully accepted step; blocked sampling; Weights
 # ---------------------------------------------------------------------------
@@ -235,3 +250,21 @@ def test_weights_give_bit_identical_probabilities() -> None:
         for token in (int(np.argmax(dense)), 5, 12345):
             assert w.prob(token) == dense[token]  # exactly, not approximately
         assert np.array_equal(w.dense(), dense)
+
+
+def test_one_prediction_for_every_reply_from_its_steps_ks() -> None:
+    """perf.predicted_speedup (UI, terminal, bench) sums E[tokens] over each step's own k."""
+    from localspec.events import GenerationStats
+    from localspec.generation import _count_positions
+    from localspec.perf import expected_tokens, model_speedup, predicted_speedup, steps_by_k
+
+    ks = [4, 4, 2, 7, 0, 4, 1, 7]
+    stats = GenerationStats(steps=len(ks), accepted=10, examined=14, draft_s=0.3, verify_s=0.5, other_s=0.02)
+    for k in ks:
+        _count_positions(stats, k, 0)
+    assert steps_by_k(stats) == {k: ks.count(k) for k in set(ks)}
+    by_hand = sum(expected_tokens_per_step(10 / 14, k) for k in ks)
+    assert expected_tokens(stats) == pytest.approx(by_hand)
+    assert predicted_speedup(stats, 0.03) == pytest.approx(by_hand * 0.03 / 0.82)
+    assert model_speedup(by_hand, 0.03, 0.82) == pytest.approx(predicted_speedup(stats, 0.03))
+    assert predicted_speedup(GenerationStats(), 0.03) is None

@@ -158,3 +158,36 @@ def test_utf8_characters_spanning_tokens_are_never_broken(engines) -> None:
     events_text = result.text
     assert "\ufffd" not in events_text
     assert events_text == engine.target.detokenize(result.token_ids)
+
+
+def test_weight_placement_keeps_amx_tiles_out_of_every_batch(engines, monkeypatch) -> None:
+    """On an AMX build the draft keeps the fast AMX buffer but never decodes two rows at once (tiles
+    SIGILL on VMs like this one); the target, which needs batches, never gets the AMX buffer."""
+    from localspec import llama_backend as backend
+
+    engine = engines["q4_1"]
+    target, draft = engine.target, engine.draft_model
+    if "AMX_INT8 = 1" in backend.system_info():
+        assert "AMX" in draft.weight_buffers and draft.rows_per_decode == 1
+        assert "AMX" not in target.weight_buffers and target.rows_per_decode > 1
+    else:
+        assert draft.rows_per_decode > 1 and target.rows_per_decode > 1
+    if draft.rows_per_decode == 1:  # a prompt and a two-token catch-up are split into one-row decodes
+        base = len(draft.cached_tokens)
+        rows = draft.extend([1000, 1001, 1002], 2)
+        draft.truncate(base)
+        draft.extend([1000], 0)
+        first, second = draft.extend([1001], 1), draft.extend([1002], 1)
+        draft.truncate(base)
+        assert np.array_equal(rows, np.concatenate([first, second]))
+
+    for value, extra, one_row in (("1", True, False), ("0", False, False)):
+        monkeypatch.setenv("LOCALSPEC_EXTRA_BUFFERS", value)
+        placement = backend.weight_placement("draft")
+        assert (placement.extra_buffers, placement.one_row_per_decode) == (extra, one_row)
+    monkeypatch.delenv("LOCALSPEC_EXTRA_BUFFERS")
+    monkeypatch.setattr(backend, "system_info", lambda: "CPU : AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1")
+    assert backend.weight_placement("draft") == backend.WeightPlacement(True, True, backend.weight_placement("draft").reason)
+    assert not backend.weight_placement("target").extra_buffers
+    monkeypatch.setattr(backend, "system_info", lambda: "CPU : AVX2 = 1 | REPACK = 1")
+    assert backend.weight_placement("target").extra_buffers and not backend.weight_placement("draft").one_row_per_decode

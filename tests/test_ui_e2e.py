@@ -17,7 +17,7 @@ STATUS = re.compile(r'class="ls-tok ls-(\w+)[^"]*" data-status="(\w+)"')
 
 def chat(client: Client, message: str, seed: int, max_tokens: int = 24, mode: str = "rejection"):
     # message, mode, temperature, top-k, top-p, min-p, K, seed, max tokens, system prompt
-    return client.submit(message, mode, 0.7, 0, 1.0, 0.0, 4, seed, max_tokens, "", api_name="/chat")
+    return client.submit(message, mode, 0.7, 0, 1.0, 0.0, 4, seed, max_tokens, "", False, api_name="/chat")
 
 
 def test_streamed_reply_carries_per_token_statuses(ui_server):

@@ -265,7 +265,10 @@ def build(app: ChatApp, startup_notice: str = ""):
                             mode = gr.Dropdown(list(MODES), value=defaults.mode, label="mode",
                                                info="rejection = exact default; invariant = same seed → same text with any draft")  # fmt: skip
                             temperature = gr.Slider(0, 2, value=defaults.temperature, step=0.05, label="temperature")
-                            draft_tokens = gr.Slider(0, 16, value=defaults.draft_tokens, step=1, label="draft tokens K")
+                            draft_tokens = gr.Slider(0, 16, value=defaults.draft_tokens, step=1, label="draft tokens K",
+                                                     info="with adaptive K: the most drafted per step")  # fmt: skip
+                            adaptive = gr.Checkbox(defaults.adaptive, label="adaptive K",
+                                                   info="choose K each step from measured acceptance and costs")  # fmt: skip
                             with gr.Row():
                                 top_k = gr.Number(defaults.top_k, label="top-k", precision=0, minimum=0)
                                 top_p = gr.Number(defaults.top_p, label="top-p", minimum=0, maximum=1, step=0.05)
@@ -306,10 +309,10 @@ def build(app: ChatApp, startup_notice: str = ""):
                         top = gr.HTML(dv.top_table_html(None, None), elem_id="ls-top")
         token_click = gr.Textbox(visible="hidden", elem_id="ls-token-pick")
 
-        settings_inputs = [mode, temperature, top_k, top_p, min_p, draft_tokens, seed, max_tokens, system]
+        settings_inputs = [mode, temperature, top_k, top_p, min_p, draft_tokens, seed, max_tokens, system, adaptive]
 
-        def respond(msg, st, md, t, tk, tp, mp, k, sd, mx, sysp, request: gr.Request):
-            yield from app.respond(msg, st, Settings(md, t, tk, tp, mp, k, sd, mx, sysp), _key(request))
+        def respond(msg, st, md, t, tk, tp, mp, k, sd, mx, sysp, ad, request: gr.Request):
+            yield from app.respond(msg, st, Settings(md, t, tk, tp, mp, k, sd, mx, sysp, ad), _key(request))
 
         def refresh(st):
             summary_html, rows, f1, f2, f3, choices, selected, top_html = app.debug_outputs(st)
@@ -358,8 +361,8 @@ def build(app: ChatApp, startup_notice: str = ""):
         # streamed (chat html, stats html, notice html) out. State stays in the caller's session.
         api_box = gr.Textbox(visible="hidden")
 
-        def api_chat(msg, md, t, tk, tp, mp, k, sd, mx, sysp, request: gr.Request):
-            settings = Settings(md, t, tk, tp, mp, k, sd, mx, sysp)
+        def api_chat(msg, md, t, tk, tp, mp, k, sd, mx, sysp, ad, request: gr.Request):
+            settings = Settings(md, t, tk, tp, mp, k, sd, mx, sysp, ad)
             for chat_html, stats_box, notice_box, _st, _msg in app.respond(msg, ChatState(), settings, _key(request)):
                 yield chat_html, stats_box, notice_box
 

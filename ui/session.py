@@ -26,7 +26,7 @@ from localspec.config import Config, SamplingConfig, absolute_path
 from localspec.errors import ConfigError, LocalspecError
 from localspec.events import GenerationResult, GenerationStats
 from localspec.generation import GenerationOptions
-from localspec.perf import costs_from_stats, predicted_speedup, speedup_verdict
+from localspec.perf import predicted_speedup, speedup_verdict
 from localspec.trace import TraceWriter, read_trace
 
 EngineFactory = Callable[[Config], Any]
@@ -45,6 +45,7 @@ class Settings:
     seed: int = -1
     max_tokens: int = 512
     system_prompt: str = ""
+    adaptive: bool = False
 
     @classmethod
     def from_config(cls, config: Config) -> "Settings":
@@ -58,6 +59,7 @@ class Settings:
             seed=config.sampling.seed,
             max_tokens=config.sampling.max_tokens,
             system_prompt=config.chat.system_prompt,
+            adaptive=config.speculative.adaptive,
         )
 
     def apply(self, config: Config) -> Config:
@@ -72,9 +74,8 @@ class Settings:
             "sampling.seed": _number(self.seed, int, "seed"),
             "sampling.max_tokens": _number(self.max_tokens, int, "max tokens"),
             "chat.system_prompt": self.system_prompt or "",
+            "speculative.adaptive": bool(self.adaptive),
         }
-        if values["speculative.draft_tokens"] < config.speculative.min_draft_tokens:
-            values["speculative.min_draft_tokens"] = values["speculative.draft_tokens"]
         return config.with_overrides(values)
 
 
@@ -212,9 +213,7 @@ def speed_of(run: Run, target_token_s: float | None) -> Speed:
     verdict = ""
     if target_token_s and stats.tokens_per_second > 0 and drafting:
         measured = stats.tokens_per_second * target_token_s
-        costs = costs_from_stats(stats)
-        k = max(1, round(stats.drafted / stats.steps)) if stats.steps else stats.k
-        predicted = predicted_speedup(stats.alpha, k, costs, target_token_s) if costs else None
+        predicted = predicted_speedup(stats, target_token_s)
         verdict = speedup_verdict(measured, predicted, stats.alpha)
     elif not drafting and stats.n_tokens:
         verdict = "no draft tokens in this reply: every token came from the target alone"
@@ -372,12 +371,14 @@ class Session:
         if result.get("stop_reason") == "cancelled":
             options["max_tokens"] = max(1, len(original_ids))  # compare what was generated
         options["draft_tokens"] = 0
+        options["adaptive"] = False  # no draft: nothing to adapt (and adaptive K needs min_draft_tokens <= K)
         known = set(GenerationOptions.__dataclass_fields__)
         gen_options = GenerationOptions(**{k: v for k, v in options.items() if k in known})
         sampling = run.header.get("config", {}).get("sampling", {})
         params = SamplingConfig(**{k: v for k, v in sampling.items() if k in SamplingConfig.__dataclass_fields__}).params()
         header = dict(run.header)
-        header["options"] = {**run.header.get("options", {}), "draft_tokens": 0, "max_tokens": gen_options.max_tokens}
+        header["options"] = {**run.header.get("options", {}), "draft_tokens": 0, "adaptive": False,
+                             "max_tokens": gen_options.max_tokens}  # fmt: skip
         replay = Run(header={k: v for k, v in header.items() if k not in ("kind", "version", "created")}, source="replay")
         for _ in self._stream(engine, replay, run.header["prompt_tokens"], gen_options, params, None):
             pass

@@ -32,7 +32,7 @@ from ..drafters import NgramDrafter
 from ..errors import ConfigError
 from ..events import GenerationResult, StepEvent
 from ..generation import MAX_DRAFT_TOKENS, GenerationOptions, SpeculativeDecoder
-from ..perf import expected_tokens_per_step, speedup_verdict
+from ..perf import expected_tokens, model_speedup, speedup_verdict
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.yaml")
 REFERENCE_TARGET = "llama-cpp-python"
@@ -230,7 +230,7 @@ class Bench:
             variant.name, prompt, repeat, st.n_tokens, st.decode_s, st.draft_s, st.verify_s, st.other_s,
             st.steps, st.drafted, st.accepted, alpha, st.acceptance_rate,
             statistics.fmean(ks) if ks else 0.0,
-            sum(expected_tokens_per_step(alpha, k) for k in ks),
+            expected_tokens(st),
             result.stop_reason,
         )  # fmt: skip
 
@@ -279,7 +279,7 @@ def _attach_speedups(runs: list[Run]) -> None:
         run.speedup = run.tokens_per_second / baseline.tokens_per_second
         t_target = baseline.decode_s / baseline.n_tokens
         if run.steps and run.decode_s > 0:
-            run.predicted_speedup = run.expected_tokens * t_target / run.decode_s
+            run.predicted_speedup = model_speedup(run.expected_tokens, t_target, run.decode_s)
         elif run.variant == REFERENCE_LOOKUP and (run.prompt, run.repeat) in ref_base:
             ref = ref_base[(run.prompt, run.repeat)]
             run.reference_speedup = run.tokens_per_second / ref.tokens_per_second if ref.tokens_per_second else None
