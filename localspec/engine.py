@@ -113,9 +113,11 @@ class Engine:
         """Raw text prompt: BOS as the model wants it, special-token text left as plain text."""
         return PreparedPrompt(self.target.tokenize(text, add_special=True, parse_special=False), text)
 
-    def options(self, **overrides) -> GenerationOptions:
-        """Generation options from the config, with keyword overrides (``None`` = keep)."""
-        cfg = self.config
+    def options(self, config: Config | None = None, **overrides) -> GenerationOptions:
+        """Generation options from ``config`` (default: the one the pair was loaded with), with keyword
+        overrides (``None`` = keep). The UI and the terminal chat pass their per-reply config, so a
+        setting changed there (K, adaptive K, mode, seed) reaches the loop without being listed twice."""
+        cfg = config or self.config
         values = dict(
             mode=cfg.speculative.mode,
             max_tokens=cfg.sampling.max_tokens,

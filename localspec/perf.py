@@ -44,8 +44,9 @@ def predicted_speedup(stats, t_target: float) -> float | None:
     """DESIGN §7 for a finished reply: ``sum_steps E[tokens](alpha, k_step) * t_target / decode seconds``.
 
     The decode seconds are the reply's own ``sum_steps (k t_draft + t_verify(k + 1) + t_other)``,
-    and each step counts with its own ``k``, so this holds for adaptive K too. The
-    benchmark, the UI and the terminal all use this one function.
+    and each step counts with its own ``k``, so this holds for adaptive K too. The UI
+    calls it; the benchmark uses its two halves, :func:`expected_tokens` when a run ends and
+    :func:`model_speedup` once the target-only run of the same prompt is known.
     """
     return model_speedup(expected_tokens(stats), t_target, stats.decode_s) if stats.steps else None
 

@@ -279,12 +279,7 @@ class ChatSession:
         try:
             prepared = self.prepare(user)
             params = self.config.sampling.params()
-            options = self.engine.options(
-                mode=self.config.speculative.mode,
-                max_tokens=self.config.sampling.max_tokens,
-                draft_tokens=self.config.speculative.draft_tokens,
-                seed=self.config.sampling.seed,
-            )
+            options = self.engine.options(self.config)
             self.warn_invariance(options, params)
         except LocalspecError as error:
             self.problem(f"error: {error}")

@@ -253,7 +253,7 @@ def test_weights_give_bit_identical_probabilities() -> None:
 
 
 def test_one_prediction_for_every_reply_from_its_steps_ks() -> None:
-    """perf.predicted_speedup (UI, terminal, bench) sums E[tokens] over each step's own k."""
+    """perf.predicted_speedup (UI; the bench uses its two halves) sums E[tokens] over each step's own k."""
     from localspec.events import GenerationStats
     from localspec.generation import _count_positions
     from localspec.perf import expected_tokens, model_speedup, predicted_speedup, steps_by_k

@@ -180,6 +180,11 @@ def test_slash_commands() -> None:
     command(child, "/reset", r"conversation cleared")
     _, after_reset = ask(child, "Hi!")
     assert after_reset.group(4) == first.group(4)  # the prompt is the first turn's again: history forgotten
+
+    # /k 0 reaches the loop as K = 0 (not the loaded config's adaptive minimum of 1): a reply, no error
+    command(child, "/k 0", r"K 0 ·")
+    screen, _ = ask(child, "Hi!")
+    assert "error" not in screen, screen
     quit_cleanly(child)
 
 

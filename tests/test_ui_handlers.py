@@ -133,6 +133,20 @@ def test_bad_settings_show_a_one_line_error_and_keep_the_message(app):
     assert textbox == "Hi" and state.turns == []
 
 
+def test_adaptive_checkbox_and_k_reach_the_generation_options(app):
+    """The settings panel, not the loaded config, decides adaptive K and K (K = 0 must not collide
+    with the configured adaptive minimum of 1)."""
+    for adaptive, k in ((False, 3), (True, 5), (True, 0)):
+        state = ChatState()
+        *_, (chat_html, _s, notice, state, _t) = app.respond(
+            "Hi", state, settings(max_tokens=6, adaptive=adaptive, draft_tokens=k), key="t-adaptive"
+        )
+        options = state.view.header["options"]
+        assert notice == "" and spans(chat_html), notice
+        assert (options["adaptive"], options["draft_tokens"]) == (adaptive, k)
+        assert options["min_draft_tokens"] <= k
+
+
 def test_incompatible_pair_shows_error_and_the_app_stays_usable(app, demo_paths):
     target, draft, _ = demo_paths
     before = app.session.engine

@@ -331,9 +331,7 @@ class Session:
             prepared = engine.encode_chat(build_messages(config.chat.system_prompt, list(history), user))
         else:
             prepared = engine.encode_raw(user)
-        options = engine.options(mode=config.speculative.mode, max_tokens=config.sampling.max_tokens,
-                                 draft_tokens=config.speculative.draft_tokens, seed=config.sampling.seed,
-                                 detail_top=config.trace.top_n)  # fmt: skip
+        options = engine.options(config, detail_top=config.trace.top_n)
         params = config.sampling.params()
         if options.mode != "target-only" and engine.drafter is not None:
             self.target_token_seconds()  # measured once per pair, before the reply takes the lock
@@ -377,8 +375,7 @@ class Session:
         sampling = run.header.get("config", {}).get("sampling", {})
         params = SamplingConfig(**{k: v for k, v in sampling.items() if k in SamplingConfig.__dataclass_fields__}).params()
         header = dict(run.header)
-        header["options"] = {**run.header.get("options", {}), "draft_tokens": 0, "adaptive": False,
-                             "max_tokens": gen_options.max_tokens}  # fmt: skip
+        header["options"] = {**options, "max_tokens": gen_options.max_tokens}
         replay = Run(header={k: v for k, v in header.items() if k not in ("kind", "version", "created")}, source="replay")
         for _ in self._stream(engine, replay, run.header["prompt_tokens"], gen_options, params, None):
             pass
