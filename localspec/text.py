@@ -2,10 +2,11 @@
 
 Two problems live here. A character may span tokens (byte-fallback tokens
 carry single UTF-8 bytes), so text is decoded incrementally and a token whose
-bytes do not yet complete a character contributes "" until one does. And a
-stop string may span tokens, so tokens whose text could be the beginning of a
-stop string are held back until it is clear either way; the reply never
-shows a stop string, not even for one step.
+bytes do not yet complete a character contributes "" until one does (and
+nothing, if the reply ends first). And a stop string may span tokens, so
+tokens whose text could be the beginning of a stop string are held back until
+it is clear either way; the reply never shows a stop string, not even for one
+step.
 """
 
 from __future__ import annotations
@@ -53,16 +54,17 @@ class ReplyText:
         return self._release(final=False)
 
     def finish(self) -> list[ReleasedToken]:
-        """The reply ended: flush a dangling partial character and release everything pending."""
+        """The reply ended: release everything pending.
+
+        A reply cut off mid-character (max tokens, Ctrl-C) ends with the lead
+        bytes of a character whose remaining bytes were never generated. They
+        are dropped rather than shown as U+FFFD: they are not a character the
+        model wrote, only the start of one, and the text stays equal to the
+        complete characters of the reply's bytes. The token ids keep them.
+        """
         if self.stopped:
             return []
-        tail = self._decoder.decode(b"", final=True)
-        if tail and self._spans:
-            token_id, start, _ = self._spans[-1]
-            self._text += tail
-            self._spans[-1] = (token_id, start, len(self._text))
-        elif tail:
-            self._text += tail
+        self._decoder.reset()
         return self._release(final=True)
 
     def _release(self, final: bool) -> list[ReleasedToken]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import threading
 
@@ -14,6 +15,7 @@ from localspec.events import GenerationResult, StepEvent, TokenEvent, TokenStatu
 from localspec.generation import GenerationOptions, SpeculativeDecoder
 from localspec.modes import RejectionMode
 from localspec.sampling import SamplingParams
+from localspec.text import ReplyText
 
 from .toy import ToyLM, greedy_reference
 
@@ -190,6 +192,27 @@ def test_stop_string_truncates_and_never_shows() -> None:
     assert result.stop_reason == "stop_string"
     assert result.text == streamed == full.text[: full.text.index(stop)]
     assert stop not in streamed
+
+
+def complete_characters(data: bytes) -> str:
+    """The text of ``data`` up to its last complete character; bad bytes mid-way become U+FFFD."""
+    return codecs.utf_8_decode(data, "replace", False)[0]
+
+
+def test_reply_text_never_breaks_a_character_and_drops_a_dangling_one() -> None:
+    pieces = {1: "アニ".encode(), 2: b"\xe3", 3: b"\x83", 4: b"\xa1", 5: "z".encode(), 6: b"\x83\xa1\xe3", 7: b"\xff"}
+    sequences = [[1, 2, 3, 4], [1, 2, 3], [1, 2], [2, 3, 4, 1, 2], [5, 2], [5, 5, 2], [2, 6, 3, 4], [1, 7, 1], [2, 7, 5]]
+    for sequence in sequences:
+        for stop in ((), ("zz",), ("z\ufffd",)):
+            reply = ReplyText(pieces.__getitem__, stop)
+            released = [item for token in sequence for item in reply.push(token)] + reply.finish()
+            expected = complete_characters(b"".join(pieces[t] for t in sequence))
+            for s in stop:
+                expected = expected.split(s)[0]
+            assert reply.text == "".join(item.text for item in released) == expected, (sequence, stop)
+            assert len(released) == len(sequence) or reply.stopped
+    # a broken byte in the middle is shown as such; only an unfinished character at the end is left out
+    assert complete_characters(b"a\xffb\xe3\x83") == "a\ufffdb"
 
 
 def test_cancel_stops_within_one_step() -> None:
