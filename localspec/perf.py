@@ -58,8 +58,28 @@ def model_speedup(expected: float, t_target: float, decode_s: float) -> float | 
     return expected * t_target / decode_s
 
 
-def speedup_verdict(measured: float, predicted: float | None = None, alpha: float | None = None) -> str:
-    """A plain-language line about whether the draft is paying for itself, and why not when it is not."""
+MIN_TOKENS_TO_JUDGE = 32  # below this a reply's speed is mostly start-up and adaptive K's prior
+
+
+def too_short_to_judge(tokens: int | None) -> bool:
+    """Whether a reply of ``tokens`` tokens says too little to call the draft slow (None: a benchmark)."""
+    return tokens is not None and tokens < MIN_TOKENS_TO_JUDGE
+
+
+def speedup_verdict(
+    measured: float, predicted: float | None = None, alpha: float | None = None, tokens: int | None = None
+) -> str:
+    """A plain-language line about whether the draft is paying for itself, and why not when it is not.
+
+    ``tokens`` is the reply's length when the verdict is about one reply (the UI): a handful of
+    tokens right after loading is timed with cold caches and before adaptive K has measured
+    anything, so a slow figure there is not blamed on the draft."""
+    if too_short_to_judge(tokens) and measured < 1.05:
+        return (
+            f"{measured:.2f}x over {tokens} tokens is too short to judge the draft: short replies are "
+            "mostly start-up, and adaptive K is still learning the pair — a longer reply, or "
+            "`localspec bench`, shows the real speed"
+        )
     if measured >= 1.05:
         text = f"the draft makes this {measured:.2f}x faster than the target alone"
     elif measured >= 0.95:

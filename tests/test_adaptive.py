@@ -268,3 +268,28 @@ def test_one_prediction_for_every_reply_from_its_steps_ks() -> None:
     assert predicted_speedup(stats, 0.03) == pytest.approx(by_hand * 0.03 / 0.82)
     assert model_speedup(by_hand, 0.03, 0.82) == pytest.approx(predicted_speedup(stats, 0.03))
     assert predicted_speedup(GenerationStats(), 0.03) is None
+
+
+def test_a_short_reply_is_not_called_slow_but_a_long_slow_one_is() -> None:
+    """One reply's speed verdict (the UI): a few tokens after loading are cold-cache and adaptive K's
+    prior, so 0.42x over 19 tokens is 'too short to judge'; the same speed over 200 tokens is slow."""
+    from types import SimpleNamespace
+
+    from localspec.events import GenerationStats
+    from ui.render import stats_html
+    from ui.session import speed_of
+
+    def reply(tokens: int) -> SimpleNamespace:
+        # 0.2 s per token against a 0.042 s target: 0.21x, with 90% acceptance
+        stats = GenerationStats(n_tokens=tokens, steps=tokens // 2, drafted=tokens, accepted=tokens * 9 // 10,
+                                examined=tokens, draft_s=0.1 * tokens, verify_s=0.1 * tokens)  # fmt: skip
+        return SimpleNamespace(stats=lambda: stats)
+
+    short, long = speed_of(reply(19), 0.042), speed_of(reply(200), 0.042)
+    assert short.measured_speedup == pytest.approx(long.measured_speedup) == pytest.approx(0.21)
+    assert "too short to judge" in short.verdict and "SLOW" not in short.verdict and not short.slow
+    assert "ls-verdict-slow" not in stats_html(short)
+    assert "SLOWING" in long.verdict and long.slow and "ls-verdict-slow" in stats_html(long)
+    fast_short = speed_of(SimpleNamespace(stats=lambda: GenerationStats(
+        n_tokens=10, steps=4, drafted=12, accepted=8, examined=10, draft_s=0.05, verify_s=0.15)), 0.042)  # fmt: skip
+    assert "faster" in fast_short.verdict  # a short reply that is clearly fast still says so

@@ -305,9 +305,8 @@ def stats_html(speed: Any | None, pair: str = "") -> str:
         card("tokens / step", f"{speed.tokens_per_step:.2f}", "emitted per target pass", "tps-step"),
         card("speedup", speedup, predicted or "vs the target alone", "speedup"),
     ])  # fmt: skip
-    slow = speed.measured_speedup is not None and speed.measured_speedup < 0.95
     verdict = (
-        f'<div class="ls-verdict{" ls-verdict-slow" if slow else ""}">{html.escape(speed.verdict)}</div>'
+        f'<div class="ls-verdict{" ls-verdict-slow" if speed.slow else ""}">{html.escape(speed.verdict)}</div>'
         if speed.verdict
         else ""
     )

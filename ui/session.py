@@ -26,7 +26,7 @@ from localspec.config import Config, SamplingConfig, absolute_path
 from localspec.errors import ConfigError, LocalspecError
 from localspec.events import GenerationResult, GenerationStats
 from localspec.generation import GenerationOptions
-from localspec.perf import predicted_speedup, speedup_verdict
+from localspec.perf import predicted_speedup, speedup_verdict, too_short_to_judge
 from localspec.trace import TraceWriter, read_trace
 
 EngineFactory = Callable[[Config], Any]
@@ -203,6 +203,7 @@ class Speed:
     predicted_speedup: float | None
     verdict: str
     target_token_s: float | None = None  # the target-only cost the speedups are measured against
+    slow: bool = False  # the draft measurably slows this reply down (a reply long enough to judge)
 
 
 def speed_of(run: Run, target_token_s: float | None) -> Speed:
@@ -214,7 +215,7 @@ def speed_of(run: Run, target_token_s: float | None) -> Speed:
     if target_token_s and stats.tokens_per_second > 0 and drafting:
         measured = stats.tokens_per_second * target_token_s
         predicted = predicted_speedup(stats, target_token_s)
-        verdict = speedup_verdict(measured, predicted, stats.alpha)
+        verdict = speedup_verdict(measured, predicted, stats.alpha, stats.n_tokens)
     elif not drafting and stats.n_tokens:
         verdict = "no draft tokens in this reply: every token came from the target alone"
     return Speed(
@@ -226,6 +227,7 @@ def speed_of(run: Run, target_token_s: float | None) -> Speed:
         predicted_speedup=predicted,
         verdict=verdict,
         target_token_s=target_token_s if measured is not None else None,
+        slow=measured is not None and measured < 0.95 and not too_short_to_judge(stats.n_tokens),
     )
 
 
