@@ -59,11 +59,18 @@ def model_speedup(expected: float, t_target: float, decode_s: float) -> float | 
 
 
 MIN_TOKENS_TO_JUDGE = 32  # below this a reply's speed is mostly start-up and adaptive K's prior
+FASTER_FROM = 1.05  # a measured speedup from here on is "faster" ...
+SLOWER_BELOW = 0.95  # ... and below this "slowing things down"; in between, break-even
 
 
 def too_short_to_judge(tokens: int | None) -> bool:
     """Whether a reply of ``tokens`` tokens says too little to call the draft slow (None: a benchmark)."""
     return tokens is not None and tokens < MIN_TOKENS_TO_JUDGE
+
+
+def slows_down(measured: float, tokens: int | None = None) -> bool:
+    """Whether the draft measurably slows decoding down: below break-even, over a reply long enough to judge."""
+    return measured < SLOWER_BELOW and not too_short_to_judge(tokens)
 
 
 def speedup_verdict(
@@ -74,15 +81,15 @@ def speedup_verdict(
     ``tokens`` is the reply's length when the verdict is about one reply (the UI): a handful of
     tokens right after loading is timed with cold caches and before adaptive K has measured
     anything, so a slow figure there is not blamed on the draft."""
-    if too_short_to_judge(tokens) and measured < 1.05:
+    if too_short_to_judge(tokens) and measured < FASTER_FROM:
         return (
             f"{measured:.2f}x over {tokens} tokens is too short to judge the draft: short replies are "
             "mostly start-up, and adaptive K is still learning the pair — a longer reply, or "
             "`localspec bench`, shows the real speed"
         )
-    if measured >= 1.05:
+    if measured >= FASTER_FROM:
         text = f"the draft makes this {measured:.2f}x faster than the target alone"
-    elif measured >= 0.95:
+    elif not slows_down(measured):
         text = f"the draft breaks even ({measured:.2f}x): drafting costs about what it saves"
     elif alpha is not None and alpha >= 0.8:
         text = (

@@ -26,7 +26,7 @@ from localspec.config import Config, SamplingConfig, absolute_path
 from localspec.errors import ConfigError, LocalspecError
 from localspec.events import GenerationResult, GenerationStats
 from localspec.generation import GenerationOptions
-from localspec.perf import predicted_speedup, speedup_verdict, too_short_to_judge
+from localspec.perf import predicted_speedup, slows_down, speedup_verdict
 from localspec.trace import TraceWriter, read_trace
 
 EngineFactory = Callable[[Config], Any]
@@ -227,7 +227,7 @@ def speed_of(run: Run, target_token_s: float | None) -> Speed:
         predicted_speedup=predicted,
         verdict=verdict,
         target_token_s=target_token_s if measured is not None else None,
-        slow=measured is not None and measured < 0.95 and not too_short_to_judge(stats.n_tokens),
+        slow=measured is not None and slows_down(measured, stats.n_tokens),
     )
 
 
