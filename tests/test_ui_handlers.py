@@ -12,10 +12,11 @@ import html
 import json
 import re
 import threading
+from dataclasses import replace
 
 import pytest
 
-from localspec.config import load_config
+from localspec.config import Config, load_config
 from localspec.doctor import InvarianceReport
 from localspec.trace import read_trace
 from tests.conftest import GEMMA, run_cli
@@ -50,9 +51,10 @@ def conversation(app):
 
 
 def settings(**overrides) -> Settings:
-    values = dict(mode="rejection", temperature=0.7, seed=11, max_tokens=16, draft_tokens=4)
+    # fixed K: with adaptive K the draft length, and so the sample, follows measured timings
+    values = dict(mode="rejection", temperature=0.7, seed=11, max_tokens=16, draft_tokens=4, adaptive=False)
     values.update(overrides)
-    return Settings(**values)
+    return replace(Settings.from_config(Config()), **values)
 
 
 def spans(chat_html: str) -> list[tuple[str, str, int, str]]:

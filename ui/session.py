@@ -34,18 +34,22 @@ EngineFactory = Callable[[Config], Any]
 
 @dataclass
 class Settings:
-    """What the settings panel controls, checked through :meth:`Config.with_overrides`."""
+    """What the settings panel controls, checked through :meth:`Config.with_overrides`.
 
-    mode: str = "rejection"
-    temperature: float = 0.7
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    draft_tokens: int = 4
-    seed: int = -1
-    max_tokens: int = 512
-    system_prompt: str = ""
-    adaptive: bool = False
+    No defaults of its own: :meth:`from_config` fills it from the config, so the
+    panel can never start from values that drifted away from config.yaml's.
+    """
+
+    mode: str
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    draft_tokens: int
+    seed: int
+    max_tokens: int
+    system_prompt: str
+    adaptive: bool
 
     @classmethod
     def from_config(cls, config: Config) -> "Settings":
