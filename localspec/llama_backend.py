@@ -11,10 +11,13 @@ implements the loop's :class:`~localspec.model.LanguageModel` and
 * ``truncate`` removes positions with ``llama_memory_seq_rm`` and checks its
   result: recurrent and hybrid memories cannot drop a suffix, and a silent
   failure there would leave rejected tokens in the cache (DESIGN §2, bug 4).
+* Model loads and decodes of every model run on one thread
+  (:class:`_ComputeThread`), whichever thread asks for them.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import os
@@ -24,7 +27,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -42,6 +45,49 @@ except ImportError as _error:  # pragma: no cover - exercised only on a broken i
 GGUF_MAGIC = b"GGUF"
 VOCAB_SIZE_TOLERANCE = 128  # as llama.cpp's speculative example: pads differ between sizes of a family
 _VOCAB_TYPES = {0: "none", 1: "SentencePiece (SPM)", 2: "byte-level BPE", 3: "WordPiece", 4: "Unigram (T5)", 5: "RWKV", 6: "PLaMo-2"}
+
+
+# ----------------------------------------------------------------------
+# one thread for llama.cpp's computations
+# ----------------------------------------------------------------------
+class _ComputeThread:
+    """The one OS thread that runs llama.cpp's computations (model loads, decodes), whoever asks.
+
+    The CPU backend is built with OpenMP, and libgomp keeps a pool of worker
+    threads for every thread that ever opened a parallel region. Once the
+    threads it manages outnumber the CPUs, every barrier stops spinning and
+    sleeps in the kernel instead — and a decode has hundreds of barriers.
+    Measured on two cores: a pair loaded on one thread and decoded on
+    another (the UI loads at start-up and replies on Gradio's worker threads)
+    decoded the F32 target at 74 ms per token instead of 31, and the AMX
+    draft at 97 ms instead of 8; the UI showed 0.8x where the benchmark
+    showed 2x. Callers wait for the result as if they had called llama.cpp
+    themselves; the hand-over costs about 0.1 ms per decode (a draft token: ~8 ms).
+    """
+
+    def __init__(self) -> None:
+        self._ident: int | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="llama-compute", initializer=self._claim
+        )
+
+    def _claim(self) -> None:
+        self._ident = threading.get_ident()
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the compute thread; its result or its exception."""
+        if threading.get_ident() == self._ident:
+            return fn(*args)
+        future = self._executor.submit(fn, *args)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            # as with a direct call, llama.cpp finishes first, so the cache bookkeeping is never behind it
+            concurrent.futures.wait([future])
+            raise
+
+
+_COMPUTE = _ComputeThread()
 
 
 # ----------------------------------------------------------------------
@@ -218,7 +264,7 @@ class LlamaModel:
             mparams.progress_callback = self._progress_cb
         _LOG.lines.clear()
         _LOG.model_buffers.clear()
-        self._model = C.llama_model_load_from_file(str(self.path).encode("utf-8"), mparams)
+        self._model = _COMPUTE.run(C.llama_model_load_from_file, str(self.path).encode("utf-8"), mparams)
         if not self._model:
             detail = _LOG.last_error()
             raise ModelError(
@@ -249,7 +295,7 @@ class LlamaModel:
             C.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attention else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         cparams.no_perf = True
-        self._ctx = C.llama_init_from_model(self._model, cparams)
+        self._ctx = _COMPUTE.run(C.llama_init_from_model, self._model, cparams)
         if not self._ctx:
             detail = _LOG.last_error()
             self.close()
@@ -355,7 +401,7 @@ class LlamaModel:
             batch.seq_id[i][0] = 0
             batch.logits[i] = offset + i >= first_logit
         started = time.perf_counter()
-        code = C.llama_decode(self._ctx, batch)
+        code = _COMPUTE.run(C.llama_decode, self._ctx, batch)
         self._decode_s += time.perf_counter() - started  # only llama.cpp's own time counts as decode time
         if code != 0:
             # llama.cpp restores the memory on failure; make sure we agree with it
@@ -500,12 +546,13 @@ class ReferenceGenerator:
 
         C.llama_model_default_params = params
         try:
-            # draft_model is given at construction (it turns on logits_all, as the library requires)
-            self.llm = Llama(
+            # draft_model is given at construction (it turns on logits_all, as the library requires);
+            # loaded and run on the compute thread, as localspec's own models are
+            self.llm = _COMPUTE.run(lambda: Llama(
                 model_path=str(path), n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_threads=threads,
                 n_threads_batch=threads, n_gpu_layers=settings.n_gpu_layers, flash_attn=settings.flash_attention,
                 draft_model=self.lookup, verbose=False,
-            )  # fmt: skip
+            ))  # fmt: skip
         finally:
             C.llama_model_default_params = original
         self._vocab = C.llama_model_get_vocab(self.llm.model)
@@ -516,6 +563,9 @@ class ReferenceGenerator:
         Timing starts at the first token, so prompt evaluation is excluded as
         in localspec's own decode rate; that token is not counted either.
         """
+        return _COMPUTE.run(self._generate, tokens, max_tokens, prompt_lookup)
+
+    def _generate(self, tokens: Sequence[int], max_tokens: int, prompt_lookup: bool) -> tuple[int, float]:
         self.llm.draft_model = self.lookup if prompt_lookup else None
         n = 0
         first = last = 0.0

@@ -204,3 +204,39 @@ def test_weight_placement_keeps_amx_tiles_out_of_every_batch(engines, monkeypatc
     assert not backend.weight_placement("target").extra_buffers
     monkeypatch.setattr(backend, "system_info", lambda: "CPU : AVX2 = 1 | REPACK = 1")
     assert backend.weight_placement("target").extra_buffers and not backend.weight_placement("draft").one_row_per_decode
+
+
+def test_every_load_and_decode_runs_on_one_thread_whoever_calls(demo_paths, monkeypatch) -> None:
+    """libgomp keeps a worker pool per thread that opens a parallel region; two pools on two cores
+    throttle every barrier (measured: the UI decoded at half speed). So a model loaded on one thread
+    and decoded from others (the UI: Gradio's worker threads) must still compute on a single one."""
+    import threading
+
+    from localspec import llama_backend as backend
+
+    callers: dict[str, set[int]] = {"load": set(), "context": set(), "decode": set()}
+
+    def recorded(name, function):
+        def call(*args):
+            callers[name].add(threading.get_ident())
+            return function(*args)
+
+        return call
+
+    monkeypatch.setattr(backend.C, "llama_model_load_from_file", recorded("load", backend.C.llama_model_load_from_file))
+    monkeypatch.setattr(backend.C, "llama_init_from_model", recorded("context", backend.C.llama_init_from_model))
+    monkeypatch.setattr(backend.C, "llama_decode", recorded("decode", backend.C.llama_decode))
+    model = LlamaModel(demo_paths[1], role="draft")  # loaded here, on the test's thread
+    try:
+        logits = {"here": model.extend([1, 2, 3], 1)}
+        for name in ("worker a", "worker b"):  # each reply of the UI may come on another thread
+            model.truncate(0)
+            worker = threading.Thread(target=lambda n=name: logits.__setitem__(n, model.extend([1, 2, 3], 1)))
+            worker.start()
+            worker.join()
+    finally:
+        model.close()
+    assert len(logits) == 3 and all(np.array_equal(logits["here"], row) for row in logits.values())
+    used = callers["load"] | callers["context"] | callers["decode"]
+    assert len(used) == 1 and callers["decode"] == callers["load"], callers
+    assert threading.get_ident() not in used
