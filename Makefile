@@ -1,10 +1,13 @@
 # localspec — `make run` starts the app (installing on first use); `make test` runs the test suite.
 #
-# llama-cpp-python is compiled from source with the flags of DESIGN §5:
+# llama-cpp-python is compiled from its sdist with the flags of DESIGN §5:
 # -DGGML_LLAMAFILE=OFF always (bit-identical batched logits), -DGGML_CUDA=on
-# when nvcc and an NVIDIA GPU are found, Metal automatically on macOS. pip's wheel cache does not
-# key on CMAKE_ARGS, so the built wheel is kept in a folder named after the
-# version, the flags and the Python/platform, and installed from there.
+# when nvcc and an NVIDIA GPU are found, Metal automatically on macOS, and with
+# the patches in patches/ applied (the Q4_K repack gemv made to round like its
+# gemm, so Q4_K_M models are batch-invariant with llama.cpp's fast kernels;
+# DESIGN §9). pip's wheel cache does not key on CMAKE_ARGS or patches, so the
+# built wheel is kept in a folder named after the version, the flags, the
+# patches' hash and the Python/platform, and installed from there.
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -14,7 +17,9 @@ LLAMA_CPP   := 0.3.36
 CUDA_FLAG   := $(if $(and $(shell command -v nvcc 2>/dev/null),$(shell nvidia-smi -L 2>/dev/null)),-DGGML_CUDA=on,)
 CMAKE_FLAGS ?= -DGGML_LLAMAFILE=OFF $(CUDA_FLAG)
 WHEEL_CACHE ?= $(HOME)/.cache/localspec/wheels
-WHEEL_KEY   := $(shell $(PYTHON) -c "import hashlib,platform,sys;print(hashlib.sha256(('$(LLAMA_CPP)|$(strip $(CMAKE_FLAGS))|'+platform.machine()+'|'+platform.system()+'|'+sys.version.split()[0]).encode()).hexdigest()[:12])")
+PATCHES     := $(sort $(wildcard patches/llama-cpp-python-$(LLAMA_CPP)-*.patch))
+PATCH_HASH  := $(shell cat /dev/null $(PATCHES) | $(PYTHON) -c "import hashlib,sys;print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest()[:12])")
+WHEEL_KEY   := $(shell $(PYTHON) -c "import hashlib,platform,sys;print(hashlib.sha256(('$(LLAMA_CPP)|$(strip $(CMAKE_FLAGS))|$(PATCH_HASH)|'+platform.machine()+'|'+platform.system()+'|'+sys.version.split()[0]).encode()).hexdigest()[:12])")
 WHEEL_DIR   := $(WHEEL_CACHE)/llama-cpp-python-$(LLAMA_CPP)-$(WHEEL_KEY)
 STAMP       := $(VENV)/.localspec-$(WHEEL_KEY)
 PIP         := $(BIN)/python -m pip --disable-pip-version-check
@@ -26,18 +31,22 @@ run: install
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(PATCHES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@if ! ls $(WHEEL_DIR)/llama_cpp_python-*.whl >/dev/null 2>&1; then \
-	  echo "building llama-cpp-python $(LLAMA_CPP) with CMAKE_ARGS='$(strip $(CMAKE_FLAGS))' (first time only, ~6 minutes)"; \
-	  rm -rf $(WHEEL_DIR).tmp && mkdir -p $(WHEEL_DIR).tmp && \
-	  CMAKE_ARGS="$(strip $(CMAKE_FLAGS))" $(PIP) wheel --no-deps --no-cache-dir -w $(WHEEL_DIR).tmp "llama-cpp-python==$(LLAMA_CPP)" && \
-	  rm -rf $(WHEEL_DIR) && mv $(WHEEL_DIR).tmp $(WHEEL_DIR); \
+	  echo "building llama-cpp-python $(LLAMA_CPP) with CMAKE_ARGS='$(strip $(CMAKE_FLAGS))' and $(words $(PATCHES)) patch(es) (first time only, ~6 minutes)"; \
+	  rm -rf $(WHEEL_DIR).tmp && mkdir -p $(WHEEL_DIR).tmp/src && \
+	  $(PIP) download -q --no-deps --no-binary :all: --no-cache-dir -d $(WHEEL_DIR).tmp "llama-cpp-python==$(LLAMA_CPP)" && \
+	  tar -xzf $(WHEEL_DIR).tmp/llama_cpp_python-$(LLAMA_CPP).tar.gz -C $(WHEEL_DIR).tmp/src --strip-components=1 && \
+	  for p in $(abspath $(PATCHES)); do patch -s -p1 -d $(WHEEL_DIR).tmp/src < $$p || exit 1; done && \
+	  CMAKE_ARGS="$(strip $(CMAKE_FLAGS))" $(PIP) wheel --no-deps --no-cache-dir -w $(WHEEL_DIR).tmp $(WHEEL_DIR).tmp/src && \
+	  mkdir -p $(WHEEL_DIR).new && mv $(WHEEL_DIR).tmp/llama_cpp_python-*.whl $(WHEEL_DIR).new/ && \
+	  rm -rf $(WHEEL_DIR) $(WHEEL_DIR).tmp && mv $(WHEEL_DIR).new $(WHEEL_DIR); \
 	fi
 	$(PIP) install -q --force-reinstall --no-deps $(WHEEL_DIR)/llama_cpp_python-*.whl
 	$(PIP) install -q -e .
-	@printf '{"wheel": "%s", "cmake_args": "%s", "wheel_dir": "%s"}\n' \
-	  "$$(basename $(WHEEL_DIR)/llama_cpp_python-*.whl)" "$(strip $(CMAKE_FLAGS))" "$(WHEEL_DIR)" > $(VENV)/localspec-llama-build.json
+	@printf '{"wheel": "%s", "cmake_args": "%s", "patches": "%s", "patch_hash": "%s", "wheel_dir": "%s"}\n' \
+	  "$$(basename $(WHEEL_DIR)/llama_cpp_python-*.whl)" "$(strip $(CMAKE_FLAGS))" "$(notdir $(PATCHES))" "$(PATCH_HASH)" "$(WHEEL_DIR)" > $(VENV)/localspec-llama-build.json
 	@rm -f $(VENV)/.localspec-* && touch $@
 
 install-dev: $(VENV)/.dev-installed

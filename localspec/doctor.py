@@ -17,6 +17,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -27,6 +28,10 @@ PROBE_TEXT = (
     "a draft proposes, the target verifies, and rejection sampling keeps the distribution exact. "
 )
 PROBE_BATCH = 5
+# Verification batch sizes probed early in the context. CPU kernels switch with the number of rows:
+# repacked K-quants send rows in groups of 4 to a gemm and the rest to a gemv (3, 5, 17), the tiled
+# K-quant matmul takes 8 or more rows (9, 17 = the largest batch, K = 16 drafts plus one).
+PROBE_SIZES = (3, 5, 9, 17)
 PAST = 300  # positions beyond 256: flash attention on CPU changes there (measured)
 
 
@@ -41,6 +46,7 @@ class InvarianceReport:
     details: list[str] = field(default_factory=list)
 
     def line(self) -> str:
+        """One line for the doctor and the UI: the verdict with every comparison's outcome."""
         if self.identical:
             return f"{self.model}: batched and sequential logits are bit-identical ({self.rows_compared} rows; {'; '.join(self.details)})"
         return (
@@ -53,7 +59,7 @@ def probe_tokens(tokenize) -> list[int]:
     """A fixed text long enough to reach past position 256."""
     tokens: list[int] = []
     text = PROBE_TEXT
-    while len(tokens) < PAST + PROBE_BATCH + 2:
+    while len(tokens) < PAST + max(PROBE_SIZES) + 2:
         tokens = tokenize(text)
         text += PROBE_TEXT
     return tokens
@@ -71,10 +77,10 @@ def _sequential_vs_batch(model: LanguageModel, start: int, probe: list[int]) -> 
 
 
 def measure_batch_invariance(model: LanguageModel, tokens: list[int]) -> InvarianceReport:
-    """Three comparisons that decide whether speculative and target-only logits can differ.
+    """The comparisons that decide whether speculative and target-only logits can differ.
 
-    1. a verification batch vs one token at a time, early in the context;
-    2. the same past position 256 (where CPU flash attention changes);
+    1. verification batches of every size class vs one token at a time, early in the context;
+    2. a batch past position 256 (where CPU flash attention changes);
     3. a prompt evaluated in one batch vs in two chunks (KV reuse across turns).
     One more token is decoded after each batch, so keys/values written inside
     a batch are compared too, not only the batch's own output rows.
@@ -85,14 +91,15 @@ def measure_batch_invariance(model: LanguageModel, tokens: list[int]) -> Invaria
 
     model.truncate(0)
     model.extend(tokens[:16], 0)
-    a, b = _sequential_vs_batch(model, 16, tokens[16 : 16 + PROBE_BATCH])
-    diffs.append(("verify batch at position 16", _diff(a, b), len(a)))
+    for size in PROBE_SIZES:
+        a, b = _sequential_vs_batch(model, 16, tokens[16 : 16 + size])
+        diffs.append((f"verify batch of {size} at position 16", _diff(a, b), len(a)))
 
     model.truncate(0)
     whole = model.extend(tokens[: n + 1], 1)
     model.truncate(n)
     a, b = _sequential_vs_batch(model, n, probe)
-    diffs.append((f"verify batch at position {n}", _diff(a, b), len(a)))
+    diffs.append((f"verify batch of {PROBE_BATCH} at position {n}", _diff(a, b), len(a)))
 
     model.truncate(0)
     half = (n + 1) // 2
@@ -112,6 +119,98 @@ def _diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
+@dataclass
+class Diagnosis:
+    """Why a target is not batch-invariant, what fixes it, and the load settings under which it is invariant.
+
+    Found by experiment, never guessed: the target is reloaded with each
+    suspect turned off (llama.cpp's extra buffer types, whose repacked
+    kernels run one row through a gemv and a batch through a gemm; flash
+    attention) and measured again. ``remedy`` holds the settings that made
+    it invariant (``None`` when nothing localspec can change did).
+    """
+
+    cause: str
+    fix: str
+    remedy: dict[str, bool] | None = None
+    remedy_report: InvarianceReport | None = None
+
+    def line(self) -> str:
+        return f"cause: {self.cause}; fix: {self.fix}"
+
+
+Loader = Callable[[dict], LanguageModel]  # settings overrides -> a freshly loaded target (closed by the caller)
+
+
+def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], facts: dict[str, str]) -> Diagnosis:
+    """Find which suspect breaks invariance by turning it off and measuring again.
+
+    ``suspects`` maps a setting to whether it is on now: ``extra_buffers``
+    (the weights sit in repacked buffers) and ``flash_attention``. ``facts``
+    carries what the messages quote: the weight type, the buffers, whether
+    the installed build carries localspec's Q4_K patch, whether llamafile's
+    sgemm is compiled in.
+    """
+    on = [name for name, active in suspects.items() if active]
+    trials = [{name: False} for name in on] + ([{name: False for name in on}] if len(on) > 1 else [])
+    for overrides in trials:
+        model = load(overrides)
+        try:
+            probe = probe_tokens(lambda text: model.tokenize(text, add_special=True, parse_special=False))
+            trial = measure_batch_invariance(model, probe)
+        finally:
+            model.close()
+        if trial.identical:
+            cause, fix = _explain(overrides, facts)
+            return Diagnosis(cause, fix, overrides, trial)
+    weight = facts.get("weight_type", "?")
+    if facts.get("tiled") == "on":
+        return Diagnosis(
+            "llama.cpp's tiled K-quant matmul is on (GGML_CPU_TILED_MM is set): batches of 8 or more rows are "
+            "computed by another kernel than single rows",
+            "unset GGML_CPU_TILED_MM (localspec turns it off by itself) or set it to 0",
+        )
+    if facts.get("llamafile") == "on":
+        return Diagnosis(
+            "llamafile's sgemm is compiled into this llama-cpp-python (LLAMAFILE = 1): it computes a batch with "
+            "different kernels than a single row",
+            "rebuild with `make install` (it builds with -DGGML_LLAMAFILE=OFF)",
+        )
+    tried = " or ".join(f"{name.replace('_', ' ')} off" for name in on) or "no setting"
+    return Diagnosis(
+        f"not found: {tried} did not make {report.model} ({weight}) invariant on this build",
+        "none known; greedy and invariant output may differ from target-only with this model — "
+        "a Q4_0/Q8_0/F32 or (with localspec's patched build) Q4_K_M copy is invariant on x86 CPUs",
+    )
+
+
+def _explain(overrides: dict[str, bool], facts: dict[str, str]) -> tuple[str, str]:
+    weight = facts.get("weight_type", "?")
+    causes, fixes = [], []
+    if "extra_buffers" in overrides:
+        causes.append(
+            f"llama.cpp's repacked CPU kernels ({facts.get('buffers', 'CPU_REPACK')} buffers, weights {weight}): "
+            "one row goes through a gemv kernel, the rows of a verification batch through a gemm kernel, "
+            "and the two round differently"
+        )
+        if facts.get("patched") == "yes":
+            fixes.append(
+                "the installed build's patch makes only the x86 Q4_K kernels invariant and this model uses "
+                "another repacked kernel; greedy and invariant modes load the target without extra buffers "
+                "by themselves (slower), or set LOCALSPEC_EXTRA_BUFFERS=0"
+            )
+        else:
+            fixes.append(
+                "run `make install`: it builds llama-cpp-python with localspec's patch (patches/) that makes the "
+                "Q4_K kernels invariant at no cost in speed; until then greedy and invariant modes load the "
+                "target without extra buffers by themselves (slower), or set LOCALSPEC_EXTRA_BUFFERS=0"
+            )
+    if "flash_attention" in overrides:
+        causes.append("flash attention (on CPU it changes batched logits past position 256)")
+        fixes.append("set model.flash_attention: false (greedy and invariant modes turn it off by themselves)")
+    return " together with ".join(causes), "; ".join(fixes)
+
+
 def cache_dir() -> Path:
     root = os.environ.get("LOCALSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "localspec")
     return Path(root)
@@ -123,23 +222,28 @@ def _key(path: Path, settings: dict, build: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
-def load_cached(path: Path, settings: dict, build: str) -> InvarianceReport | None:
-    """A previous measurement for this exact file, setting and build, if any."""
+def load_cached(path: Path, settings: dict, build: str) -> tuple[InvarianceReport, Diagnosis | None] | None:
+    """A previous measurement (and diagnosis, if one was made) for this exact file, setting and build."""
     store = cache_dir() / "invariance.json"
     try:
-        data = json.loads(store.read_text())
-        entry = data.get(_key(path, settings, build))
-        return InvarianceReport(**entry) if entry else None
-    except (OSError, ValueError, TypeError):
+        entry = json.loads(store.read_text()).get(_key(path, settings, build))
+        if not entry:
+            return None
+        diagnosis = entry.get("diagnosis")
+        if diagnosis is not None:
+            remedy_report = diagnosis.pop("remedy_report", None)
+            diagnosis = Diagnosis(**diagnosis, remedy_report=InvarianceReport(**remedy_report) if remedy_report else None)
+        return InvarianceReport(**entry["report"]), diagnosis
+    except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
-def save_cached(path: Path, settings: dict, build: str, report: InvarianceReport) -> None:
+def save_cached(path: Path, settings: dict, build: str, report: InvarianceReport, diagnosis: Diagnosis | None = None) -> None:
     store = cache_dir() / "invariance.json"
     try:
         store.parent.mkdir(parents=True, exist_ok=True)
         data = json.loads(store.read_text()) if store.exists() else {}
-        data[_key(path, settings, build)] = asdict(report)
+        data[_key(path, settings, build)] = {"report": asdict(report), "diagnosis": asdict(diagnosis) if diagnosis else None}
         tmp = store.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(store)
@@ -154,6 +258,31 @@ def build_stamp() -> dict | None:
         return json.loads(stamp.read_text())
     except (OSError, ValueError):
         return None
+
+
+def build_id(backend) -> str:
+    """What a measurement depends on besides the model: library version, features, flags and patches."""
+    stamp = build_stamp() or {}
+    tiled = "tiled" if backend.tiled_matmul_enabled() else "untiled"
+    return f"{backend.llama_cpp_version()} {backend.system_info()} {stamp.get('wheel', '')} {stamp.get('patch_hash', '')} {tiled}"
+
+
+def build_facts(model, backend) -> dict[str, str]:
+    """What :func:`diagnose` quotes about a loaded target and the installed build."""
+    stamp = build_stamp() or {}
+    return {
+        "weight_type": model.description,
+        "buffers": " + ".join(model.weight_buffers) or "?",
+        "patched": "yes" if "q4k" in stamp.get("patches", "") else "no",
+        "llamafile": "on" if "LLAMAFILE = 1" in backend.system_info() else "off",
+        "tiled": "on" if backend.tiled_matmul_enabled() else "off",
+    }
+
+
+def suspects(model, settings) -> dict[str, bool]:
+    """Load settings that can break invariance and whether each is in effect for ``model``."""
+    repacked = any(kind not in ("CPU", "CPU_Mapped") for kind in model.weight_buffers)
+    return {"extra_buffers": bool(model.placement.extra_buffers and repacked), "flash_attention": bool(settings.flash_attention)}
 
 
 def run_doctor(config) -> list[str]:
@@ -176,9 +305,15 @@ def run_doctor(config) -> list[str]:
         "build flags: llamafile sgemm "
         + ("ON — batched F32/F16 logits are not bit-identical; rebuild with `make install`" if llamafile else "off (GGML_LLAMAFILE=OFF, as intended)")
     )
+    lines.append(
+        "tiled K-quant matmul: "
+        + ("ON (GGML_CPU_TILED_MM) — batches of 8+ rows round differently from single rows; unset it"
+           if backend.tiled_matmul_enabled() else "off (GGML_CPU_TILED_MM=0, so every batch size computes like one row)")
+    )
     stamp = build_stamp()
     if stamp:
-        lines.append(f"installed wheel: {stamp.get('wheel', '?')} built with CMAKE_ARGS={stamp.get('cmake_args', '?')!r}")
+        patches = stamp.get("patches") or "none"
+        lines.append(f"installed wheel: {stamp.get('wheel', '?')} built with CMAKE_ARGS={stamp.get('cmake_args', '?')!r}, patches: {patches}")
     else:
         lines.append("installed wheel: no build record (not installed by `make install`)")
     backend_name = "CUDA" if "CUDA" in info else "Metal" if "METAL" in info.upper() else "CPU"
@@ -214,21 +349,25 @@ def run_doctor(config) -> list[str]:
                 lines.append(
                     f"weights ({model.role}): {' + '.join(model.weight_buffers) or '?'} buffers, {rows} — {model.placement.reason}"
                 )
-        target_settings = {"flash_attention": engine.settings.flash_attention, "threads": engine.target.threads,
-                           "n_gpu_layers": engine.settings.n_gpu_layers}  # fmt: skip
-        probe = probe_tokens(lambda text: engine.target.tokenize(text, add_special=True, parse_special=False))
-        report = measure_batch_invariance(engine.target, probe)
-        save_cached(engine.target_path, target_settings, f"{backend.llama_cpp_version()} {info}", report)
+        report = engine.invariance(refresh=True)  # the doctor measures, never quotes an old measurement
         lines.append("batch invariance (target): " + report.line())
         if engine.draft_model is not None:
+            probe = probe_tokens(lambda text: engine.draft_model.tokenize(text, add_special=True, parse_special=False))
             draft_report = measure_batch_invariance(engine.draft_model, probe)
             lines.append("batch invariance (draft, informational): " + draft_report.line())
-        lines.append(
-            "verdict: greedy and invariant modes reproduce target-only output exactly"
-            if report.identical
-            else "verdict: greedy/invariant output may differ from target-only on this build; "
-            "try flash_attention: false and a GGML_LLAMAFILE=OFF build (`make install`)"
-        )
+        if report.identical:
+            lines.append("verdict: greedy and invariant modes reproduce target-only output exactly")
+        else:
+            diagnosis = engine.diagnosis(refresh=True)
+            lines.append(f"cause: {diagnosis.cause}")
+            lines.append(f"fix: {diagnosis.fix}")
+            lines.append(
+                "verdict: greedy and invariant modes reload the target with "
+                + " and ".join(f"{name.replace('_', ' ')} off" for name in diagnosis.remedy)
+                + " and then reproduce target-only output exactly"
+                if diagnosis.remedy
+                else "verdict: greedy/invariant output may differ from target-only with this model and build"
+            )
     finally:
         engine.close()
     return lines

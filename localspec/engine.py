@@ -10,12 +10,24 @@ from __future__ import annotations
 
 import secrets
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
+from .catalog import resolve_pair
 from .chat import ChatTemplate, Message
 from .config import Config
-from .doctor import InvarianceReport, load_cached, measure_batch_invariance, probe_tokens, save_cached
+from .doctor import (
+    Diagnosis,
+    InvarianceReport,
+    build_facts,
+    build_id,
+    diagnose,
+    load_cached,
+    measure_batch_invariance,
+    probe_tokens,
+    save_cached,
+    suspects,
+)
 from .drafters import Drafter, ModelDrafter, NgramDrafter
 from .errors import ModelError
 from .events import GenerationResult, StepEvent, TokenEvent
@@ -38,6 +50,7 @@ class Engine:
     def __init__(self, config: Config, progress: Progress | None = None) -> None:
         from . import llama_backend as backend  # imported here: config/--help never load llama.cpp
 
+        config = resolve_pair(config)
         self.config = config
         self.backend = backend
         self.settings = backend.LlamaSettings(
@@ -46,6 +59,7 @@ class Engine:
             threads=config.model.threads,
             n_gpu_layers=config.model.n_gpu_layers,
             flash_attention=config.model.flash_attention,
+            use_mmap=config.model.use_mmap,
         )
         self.lock = threading.Lock()
         self.target_path = config.resolve_path(config.model.target)
@@ -176,14 +190,18 @@ class Engine:
         return self._target_token_s
 
     # ------------------------------------------------------------------
-    def invariance(self, measure: bool = True) -> InvarianceReport | None:
-        """Is the target batch-invariant on this build? Cached per file, setting and build."""
-        if self._invariance is not None:
-            return self._invariance
+    def _invariance_key(self) -> tuple[dict, str]:
         settings = {"flash_attention": self.settings.flash_attention, "threads": self.target.threads,
-                    "n_gpu_layers": self.settings.n_gpu_layers}  # fmt: skip
-        build = f"{self.backend.llama_cpp_version()} {self.backend.system_info()}"
-        report = load_cached(self.target_path, settings, build)
+                    "n_gpu_layers": self.settings.n_gpu_layers, "buffers": list(self.target.weight_buffers)}  # fmt: skip
+        return settings, build_id(self.backend)
+
+    def invariance(self, measure: bool = True, refresh: bool = False) -> InvarianceReport | None:
+        """Is the target batch-invariant on this build? Cached per file, setting and build (``refresh``: measure anew)."""
+        if self._invariance is not None and not refresh:
+            return self._invariance
+        settings, build = self._invariance_key()
+        cached = None if refresh else load_cached(self.target_path, settings, build)
+        report = cached[0] if cached else None
         if report is None and measure:
             with self.lock:
                 probe = probe_tokens(lambda text: self.target.tokenize(text, add_special=True, parse_special=False))
@@ -192,17 +210,63 @@ class Engine:
         self._invariance = report
         return report
 
-    def invariance_warning(self, options: GenerationOptions, params) -> str | None:
-        """One line to show when greedy/invariant output may differ from target-only on this pair."""
+    def diagnosis(self, refresh: bool = False) -> Diagnosis | None:
+        """Why the target is not batch-invariant, found by reloading it with each suspect off (cached)."""
+        report = self.invariance()
+        if report is None or report.identical:
+            return None
+        settings, build = self._invariance_key()
+        cached = load_cached(self.target_path, settings, build)
+        if cached and cached[1] is not None and not refresh:
+            return cached[1]
+
+        def load(overrides: dict):
+            return self.backend.LlamaModel(self.target_path, replace(self.settings, **overrides), "target")
+
+        found = diagnose(report, load, suspects(self.target, self.settings), build_facts(self.target, self.backend))
+        save_cached(self.target_path, settings, build, report, found)
+        return found
+
+    def ensure_invariance(self, options: GenerationOptions, params) -> str | None:
+        """Before a reply that needs batch invariance: make the target invariant, or say why it cannot be.
+
+        Greedy and invariant modes promise target-only output token for
+        token; that holds only on a batch-invariant target. When it is not,
+        the doctor's experiment finds the load setting that breaks it and the
+        target is reloaded without it (a one-line note says so and what it
+        costs); when nothing helps, a one-line warning names the cause.
+        Never silent. Returns the line to show, or ``None``.
+        """
         if options.mode not in ("greedy", "invariant") and not params.greedy:
             return None
         report = self.invariance()
         if report is None or report.identical:
             return None
+        mode = options.mode if options.mode in ("greedy", "invariant") else "greedy"
+        diagnosis = self.diagnosis()
+        if diagnosis is None or diagnosis.remedy is None:
+            return (
+                f"warning: {self.target.name} is not batch-invariant on this build (max |diff| "
+                f"{report.max_abs_diff:.3g}), so {mode} output may differ from target-only — "
+                + (diagnosis.line() if diagnosis else "see `localspec doctor`")
+            )
+        self._reload_target(diagnosis.remedy)
+        self._invariance = diagnosis.remedy_report
+        turned_off = " and ".join(name.replace("_", " ") for name in diagnosis.remedy)
         return (
-            f"warning: {self.target.name} is not batch-invariant on this build (max |diff| "
-            f"{report.max_abs_diff:.3g}); {options.mode} output may differ from target-only — see `localspec doctor`"
+            f"note: {self.target.name} was not batch-invariant ({diagnosis.cause}); reloaded it with {turned_off} "
+            f"off so {mode} output equals target-only — fix: {diagnosis.fix}"
         )
+
+    def _reload_target(self, overrides: dict) -> None:
+        """Swap in the target loaded with ``overrides``; its KV cache starts empty."""
+        settings = replace(self.settings, **overrides)
+        target = self.backend.LlamaModel(self.target_path, settings, "target")
+        with self.lock:
+            old, self.target, self.settings = self.target, target, settings
+            self.decoder = SpeculativeDecoder(self.target, self.target, self.drafter)
+            self._target_token_s = None
+        old.close()
 
 
 def _stage(progress: Progress | None, stage: str) -> Callable[[float], None] | None:

@@ -320,7 +320,7 @@ class ChatSession:
         if key in self._warned:
             return
         self._warned.add(key)
-        warning = self.engine.invariance_warning(options, params)
+        warning = self.engine.ensure_invariance(options, params)
         if warning:
             self.problem(warning)
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: the demo pair (built by `localspec models prepare`, never downloaded by a test)."""
+"""Shared fixtures: the demo and real pairs (built by `localspec models prepare`, never downloaded by a test)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,21 @@ from pathlib import Path
 
 import pytest
 
+from localspec.catalog import models_dir
+
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ROOT / "models"
+MODELS = models_dir()
 TARGET = MODELS / "SmolLM2-135M-Instruct.F32.gguf"
 DRAFT = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 WEAK_DRAFT = MODELS / "SmolLM2-135M-Instruct.Q4_0.gguf"
 GEMMA = MODELS / "gemma-3-270m-q4_k_m.gguf"
+QWEN_TARGET = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+QWEN_DRAFT = MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+REAL_PAIR = "qwen2.5-coder-1.5b"
+# llama.cpp threads per model: the cores shared among the xdist workers. Two workers each decoding
+# with two OpenMP threads on two cores spin on each other's barriers (measured: a real-pair test went
+# from under a minute to over ten), so each worker gets its share.
+TEST_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
 def require(*paths: Path) -> None:
@@ -30,10 +39,43 @@ def demo_paths() -> tuple[Path, Path, Path]:
     return TARGET, DRAFT, WEAK_DRAFT
 
 
+@pytest.fixture(scope="session")
+def real_paths() -> tuple[Path, Path]:
+    require(QWEN_TARGET, QWEN_DRAFT)
+    return QWEN_TARGET, QWEN_DRAFT
+
+
+@pytest.fixture(scope="session")
+def test_config(tmp_path_factory) -> Path:
+    """The config every CLI test runs with: the demo pair (real-pair tests pass --pair) and the worker's threads."""
+    path = tmp_path_factory.getbasetemp() / "test-config.yaml"
+    path.write_text(f"model:\n  pair: demo\n  threads: {TEST_THREADS}\n")
+    return path
+
+
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Doctor results and other caches go to a per-session folder, never the user's."""
+def _isolated_cache(tmp_path_factory, monkeypatch, test_config):
+    """Doctor results and other caches go to a per-session folder, never the user's; the CLI runs the test config."""
     monkeypatch.setenv("LOCALSPEC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    monkeypatch.setenv("LOCALSPEC_CONFIG", str(test_config))
+
+
+def make_engine(target, draft, **overrides):
+    """An engine on ``target`` + ``draft`` (a path, 'ngram' or 'none'), 1,024-token context unless overridden."""
+    from localspec.config import Config
+    from localspec.engine import Engine
+
+    config = Config().with_overrides({"model.target": str(target), "model.draft": str(draft), "model.n_ctx": 1024,
+                                      "model.threads": TEST_THREADS, **overrides})  # fmt: skip
+    return Engine(config)
+
+
+def generate(engine, prompt_tokens, params, **options):
+    """One request through the engine: (the result, its step events)."""
+    from localspec.events import StepEvent
+
+    events = list(engine.stream(prompt_tokens, engine.options(**options), params))
+    return events[-1], [e for e in events if isinstance(e, StepEvent)]
 
 
 def run_cli(*args: str, input: str | None = None, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -70,6 +112,7 @@ def ui_server(demo_paths, tmp_path_factory):
     env = {**os.environ, "LOCALSPEC_CACHE": str(tmp_path_factory.getbasetemp() / "cache")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "localspec", "ui", "--port", str(port), "--ctx", "1024", "--max-tokens", "24",
+         "--threads", str(TEST_THREADS),
          "--target", str(target), "--draft", str(draft)],  # fmt: skip
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
     )

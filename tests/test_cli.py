@@ -10,7 +10,7 @@ import pytest
 
 from localspec.trace import read_trace
 
-from .conftest import DRAFT, GEMMA, TARGET, WEAK_DRAFT, require, run_cli
+from .conftest import DRAFT, GEMMA, ROOT, TARGET, WEAK_DRAFT, require, run_cli
 
 pytestmark = pytest.mark.models
 
@@ -164,22 +164,29 @@ def test_doctor_finds_flash_attention_non_invariant(tmp_path) -> None:
     result = run_cli("--config", str(config), "doctor")
     assert result.returncode == 0
     assert "DIFFER" in result.stdout
-    assert re.search(r"verify batch at position \d{3}: max diff", result.stdout)  # past position 256
+    assert re.search(r"verify batch of \d+ at position \d{3}: max diff", result.stdout)  # past position 256
+    assert "cause: flash attention" in result.stdout and "fix: set model.flash_attention: false" in result.stdout
 
 
-def test_generate_warns_once_on_a_non_invariant_target(tmp_path) -> None:
-    # flash attention on CPU changes batched logits past position 256 (measured by the doctor test above)
+def test_greedy_on_a_non_invariant_target_reloads_it_and_says_so(tmp_path) -> None:
+    """Never silently: flash attention on CPU changes batched logits past position 256 (the doctor test
+    above), so greedy mode reloads the target with it off, prints one note naming cause and fix, and
+    then matches target-only output with flash attention off."""
     config = tmp_path / "fa.yaml"
-    config.write_text(f"model:\n  target: {TARGET}\n  draft: none\n  flash_attention: true\n")
-    args = ("--config", str(config), "generate", "The sky is", "--raw", "--max-tokens", "8")
+    config.write_text(f"model:\n  target: {TARGET}\n  draft: {DRAFT}\n  flash_attention: true\n")
+    args = ("--config", str(config), "generate", "The sky is", "--raw", "--max-tokens", "24", "--json")
     result = run_cli(*args, "--mode", "greedy")
     assert result.returncode == 0, result.stderr
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "not batch-invariant" in warnings[0]
+    notes = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(notes) == 1 and notes[0].startswith("note:"), result.stderr
+    assert "flash attention" in notes[0] and "model.flash_attention: false" in notes[0]
+    plain = run_cli("generate", "The sky is", "--raw", "--max-tokens", "24", "--json", "--temperature", "0",
+                    "--target", str(TARGET), "--draft", "none")  # fmt: skip
+    assert json.loads(result.stdout)["token_ids"] == json.loads(plain.stdout)["token_ids"]
     quiet = run_cli(*args, "--temperature", "0.7", "--seed", "1")  # rejection sampling does not need invariance
-    assert quiet.returncode == 0 and "warning:" not in quiet.stderr
+    assert quiet.returncode == 0 and quiet.stderr.strip() == ""
     invariant = run_cli("generate", "The sky is", "--raw", "--max-tokens", "8", "--mode", "greedy")
-    assert invariant.returncode == 0 and "warning:" not in invariant.stderr  # the default build and settings
+    assert invariant.returncode == 0 and invariant.stderr.strip() == ""  # the default build and settings
 
 
 # ---------------------------------------------------------------------------
@@ -208,8 +215,19 @@ def test_models_prepare_is_a_no_op_and_rebuilds_a_corrupted_file(tmp_path) -> No
     assert any("checksum mismatch" in s for s in said)
 
 
-def test_models_list_shows_presence() -> None:
-    result = run_cli("models", "list", env={"COLUMNS": "160"})
-    assert result.returncode == 0
+def test_models_list_shows_presence_and_the_active_pair() -> None:
+    result = run_cli("models", "list", env={"COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
     assert "✓ SmolLM2-135M-Instruct.F32.gguf" in result.stdout
-    assert "✗ Qwen2.5-7B-Instruct-Q4_K_M.gguf" in result.stdout or "Qwen2.5-7B" in result.stdout
+    assert "✓ qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" in result.stdout
+    assert "✗ Qwen2.5-7B-Instruct-Q4_K_M.gguf" in result.stdout
+    assert "active: demo" in result.stdout  # the tests' config selects the demo pair
+    real = run_cli("models", "list", "--pair", "qwen2.5-coder-1.5b", env={"COLUMNS": "200"})
+    assert "active: qwen2.5-coder-1.5b" in real.stdout
+    default = run_cli("models", "list", env={"COLUMNS": "200", "LOCALSPEC_CONFIG": str(ROOT / "config.yaml")})
+    assert "active: qwen2.5-coder-1.5b" in default.stdout  # config.yaml's default is the real pair
+
+
+def test_unknown_pair_is_one_line_naming_the_pairs() -> None:
+    line = one_error_line(run_cli("generate", "hi", "--pair", "qwen-typo"))
+    assert "no pair named 'qwen-typo'" in line and "qwen2.5-coder-1.5b" in line and "demo" in line

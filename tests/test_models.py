@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 
 from localspec.chat import Message, build_messages
-from localspec.config import Config
-from localspec.engine import Engine
-from localspec.events import StepEvent
 from localspec.llama_backend import LlamaModel
 from localspec.model import common_prefix_length
 from localspec.sampling import SamplingParams
 from localspec.text import ReplyText
+
+from .conftest import generate, make_engine
 
 pytestmark = pytest.mark.models
 
@@ -25,10 +24,6 @@ RAW_PROMPTS = [
     "Photosynthesis is the process by which plants",
 ]
 
-
-def make_engine(target, draft, **overrides) -> Engine:
-    config = Config().with_overrides({"model.target": str(target), "model.draft": str(draft), "model.n_ctx": 1024, **overrides})
-    return Engine(config)
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +38,6 @@ def engines(demo_paths):
     for engine in built.values():
         engine.close()
 
-
-def generate(engine: Engine, prompt_tokens, params: SamplingParams, **options):
-    events = list(engine.stream(prompt_tokens, engine.options(**options), params))
-    return events[-1], [e for e in events if isinstance(e, StepEvent)]
 
 
 def test_greedy_speculative_equals_target_only(engines) -> None:

@@ -19,7 +19,7 @@ import pytest
 from localspec.config import Config, load_config
 from localspec.doctor import InvarianceReport
 from localspec.trace import read_trace
-from tests.conftest import GEMMA, run_cli
+from tests.conftest import GEMMA, TEST_THREADS, run_cli
 from ui.app import ChatApp, ChatState
 from ui.debug_view import STEP_COLUMNS
 from ui.session import Run, Session, Settings
@@ -34,6 +34,7 @@ def app(demo_paths) -> ChatApp:
     target, draft, _ = demo_paths
     config = load_config().with_overrides({
         "model.target": str(target), "model.draft": str(draft), "model.n_ctx": 1024, "sampling.max_tokens": 24,
+        "model.threads": TEST_THREADS,
     })  # fmt: skip
     session = Session(config)
     session.engine  # load once for the module

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Iterator  # noqa: E402
 
+from localspec.catalog import models_dir  # noqa: E402
 from localspec.config import PROJECT_ROOT, Config  # noqa: E402
 from localspec.errors import LocalspecError  # noqa: E402
 from localspec.modes import MODES  # noqa: E402
@@ -94,13 +95,14 @@ class ChatApp:
             state.turns.append(turn)
             state.view, state.selected = run, None
             last = 0.0
+            info = notice_html(run.notice, "info") if run.notice else ""
             for run in stream:
                 now = time.perf_counter()
                 if run.result is None and now - last < STREAM_INTERVAL_S:
                     continue
                 last = now
-                yield render_conversation(state.turns), self._stats(state), "", state, ""
-            notice = notice_html(turn.run.error) if turn.run.error else ""
+                yield render_conversation(state.turns), self._stats(state), info, state, ""
+            notice = notice_html(turn.run.error) if turn.run.error else info
             yield render_conversation(state.turns), self._stats(state), notice, state, ""
         finally:
             self._busy.clear()
@@ -220,8 +222,9 @@ def _first_interesting(run: Run) -> int | None:
 
 
 def model_choices(config: Config) -> tuple[list[str], list[str]]:
-    """GGUF files in models/ (plus the configured ones) for the pair pickers."""
-    found = sorted(str(p.relative_to(PROJECT_ROOT)) for p in (PROJECT_ROOT / "models").glob("*.gguf"))
+    """GGUF files in the models folder and models/ (plus the configured ones) for the pair pickers."""
+    folders = dict.fromkeys([models_dir(), PROJECT_ROOT / "models"])
+    found = sorted(str(p) for folder in folders for p in folder.glob("*.gguf"))
     targets = list(dict.fromkeys([config.model.target, *found]))
     drafts = list(dict.fromkeys([config.model.draft, *found, "ngram", "none"]))
     return targets, drafts

@@ -104,6 +104,7 @@ class Run:
     header: dict[str, Any]
     events: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
+    notice: str = ""  # e.g. the target was reloaded so greedy output equals target-only
     source: str = "live"  # live / loaded / replay
 
     @property
@@ -341,7 +342,8 @@ class Session:
         params = config.sampling.params()
         if options.mode != "target-only" and engine.drafter is not None:
             self.target_token_seconds()  # measured once per pair, before the reply takes the lock
-        run = Run(header=trace_header(config, engine, prepared, options))
+        notice = engine.ensure_invariance(options, params) or ""
+        run = Run(header=trace_header(config, engine, prepared, options), notice=notice)
         yield from self._stream(engine, run, prepared.tokens, options, params, cancel)
 
     def _stream(self, engine, run: Run, prompt, options, params, cancel) -> Iterator[Run]:

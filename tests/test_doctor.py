@@ -1,0 +1,101 @@
+"""The doctor's measurement and diagnosis, on toy models whose batch behaviour is known (no llama.cpp).
+
+A real build of localspec is batch-invariant, so the cases the doctor must
+explain — repacked kernels that round differently, flash attention, both,
+nothing that helps — are built here from a toy model that perturbs the rows
+of a batch whenever a given load setting is on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.doctor import PROBE_SIZES, diagnose, measure_batch_invariance, probe_tokens
+
+from .toy import ToyLM
+
+
+class BatchSensitiveLM(ToyLM):
+    """A toy whose logits for rows of a multi-row batch move by 1e-3 while any setting in ``breaks`` is on."""
+
+    def __init__(self, settings: dict[str, bool], breaks: set[str], min_rows: int = 2) -> None:
+        super().__init__(vocab_size=8, seed=3, context_size=1024, name="toy.gguf")
+        self.settings, self.breaks, self.min_rows = settings, breaks, min_rows
+        self.closed = False
+
+    def extend(self, tokens, n_logits):
+        rows = super().extend(tokens, n_logits)
+        if len(tokens) >= self.min_rows and any(self.settings.get(name, False) for name in self.breaks):
+            rows = rows + np.float32(1e-3)
+        return rows
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return [ord(c) % 8 for c in text]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def loader(current: dict[str, bool], breaks: set[str], loaded: list):
+    def load(overrides: dict[str, bool]):
+        model = BatchSensitiveLM({**current, **overrides}, breaks)
+        loaded.append(model)
+        return model
+
+    return load
+
+
+def report_for(settings: dict[str, bool], breaks: set[str], min_rows: int = 2):
+    model = BatchSensitiveLM(settings, breaks, min_rows)
+    return measure_batch_invariance(model, probe_tokens(model.tokenize))
+
+
+UNPATCHED = {"weight_type": "qwen2 1.5B Q4_K - Medium", "buffers": "CPU_REPACK", "patched": "no", "llamafile": "off", "tiled": "off"}
+
+
+def test_measurement_sees_a_difference_in_any_batch_size_class() -> None:
+    assert report_for({"extra_buffers": True}, set()).identical  # negative control: nothing breaks it
+    for min_rows in PROBE_SIZES:  # a kernel that switches only at this many rows is still caught
+        report = report_for({"extra_buffers": True}, {"extra_buffers"}, min_rows)
+        assert not report.identical and report.max_abs_diff == pytest.approx(1e-3, rel=1e-3), min_rows
+
+
+def test_repacked_kernels_are_named_with_the_patched_build_as_the_fix() -> None:
+    current = {"extra_buffers": True, "flash_attention": False}
+    loaded: list = []
+    report = report_for(current, {"extra_buffers"})
+    found = diagnose(report, loader(current, {"extra_buffers"}, loaded), current, UNPATCHED)
+    assert found.remedy == {"extra_buffers": False} and found.remedy_report.identical
+    assert "repacked CPU kernels" in found.cause and "gemv" in found.cause and "Q4_K - Medium" in found.cause
+    assert "`make install`" in found.fix and "patch" in found.fix
+    assert all(model.closed for model in loaded)  # every trial model is freed
+    patched = diagnose(report, loader(current, {"extra_buffers"}, []), current, {**UNPATCHED, "patched": "yes"})
+    assert "LOCALSPEC_EXTRA_BUFFERS=0" in patched.fix and "make install" not in patched.fix
+
+
+def test_flash_attention_and_both_together() -> None:
+    current = {"extra_buffers": False, "flash_attention": True}
+    found = diagnose(report_for(current, {"flash_attention"}), loader(current, {"flash_attention"}, []), current, UNPATCHED)
+    assert found.remedy == {"flash_attention": False} and "flash attention" in found.cause
+    assert "model.flash_attention: false" in found.fix
+    both = {"extra_buffers": True, "flash_attention": True}
+    loaded: list = []
+    found = diagnose(report_for(both, set(both)), loader(both, set(both), loaded), both, UNPATCHED)
+    assert found.remedy == {"extra_buffers": False, "flash_attention": False}
+    assert "repacked" in found.cause and "flash attention" in found.cause
+    assert len(loaded) == 3  # each suspect alone, then both
+
+
+def test_when_nothing_helps_the_doctor_says_so_and_names_what_it_can() -> None:
+    current = {"extra_buffers": True, "flash_attention": False}
+    unfixable = {"something_else"}
+    found = diagnose(report_for({"something_else": True}, unfixable), loader({"something_else": True}, unfixable, []),
+                     current, UNPATCHED)  # fmt: skip
+    assert found.remedy is None and found.cause.startswith("not found") and "extra buffers off" in found.cause
+    tiled = diagnose(report_for({"something_else": True}, unfixable), loader({"something_else": True}, unfixable, []),
+                     current, {**UNPATCHED, "tiled": "on"})  # fmt: skip
+    assert "tiled K-quant matmul" in tiled.cause and "GGML_CPU_TILED_MM" in tiled.fix
+    llamafile = diagnose(report_for({"something_else": True}, unfixable), loader({"something_else": True}, unfixable, []),
+                         current, {**UNPATCHED, "llamafile": "on"})  # fmt: skip
+    assert "llamafile" in llamafile.cause and "make install" in llamafile.fix
