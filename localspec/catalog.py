@@ -153,7 +153,7 @@ def _ref(spec: Any) -> ModelRef:
 # ----------------------------------------------------------------------
 # checksums
 # ----------------------------------------------------------------------
-def sha256_file(path: Path, progress: Progress | None = None) -> str:
+def sha256_file(path: Path, progress: Progress | None = None, label: str | None = None) -> str:
     digest = hashlib.sha256()
     total = path.stat().st_size
     done = 0
@@ -162,7 +162,7 @@ def sha256_file(path: Path, progress: Progress | None = None) -> str:
             digest.update(block)
             done += len(block)
             if progress:
-                progress(f"checking {path.name}", done, total)
+                progress(f"checking {label or path.name}", done, total)
     return digest.hexdigest()
 
 
@@ -293,7 +293,7 @@ class Preparer:
                 quantize(origin, tmp, source["type"])
             else:
                 raise ConfigError(f"catalog entry {name} has no known source")
-            sha = sha256_file(tmp, self.progress)
+            sha = sha256_file(tmp, self.progress, name)
             if spec.sha256 and sha != spec.sha256:
                 raise ModelError(f"{name}: built file has sha256 {sha[:12]}…, expected {spec.sha256[:12]}…; the source is corrupt")
             tmp.replace(path)

@@ -250,8 +250,8 @@ def models_prepare(state: AppState, pairs: tuple[str, ...], with_test_models: bo
     catalog = Catalog.load()
     chosen = list(pairs) or list(dict.fromkeys([load_config(state.config_path).model.pair, "demo", "demo-weak-draft"]))
     chosen += ["incompatible"] if with_test_models else []
-    with progress_bar() as progress:
-        preparer = Preparer(catalog, say=err, progress=progress)
+    with progress_bar() as (progress, say):
+        preparer = Preparer(catalog, say=say, progress=progress)
         preparer.prepare_pairs(chosen)
     err(f"models ready in {catalog.models_dir}" + (f": {', '.join(preparer.actions)}" if preparer.actions else " (nothing to do)"))
 
@@ -295,7 +295,7 @@ def models_download(pair: str) -> None:
     spec = catalog.pair(pair)
     if spec.offline:
         raise ConfigError(f"pair {pair!r} is built offline; use `localspec models prepare --pair {pair}`")
-    with progress_bar() as progress:
+    with progress_bar() as (progress, _):
         for ref in (spec.target, spec.draft):
             path = catalog.path(ref.file)
             if path.exists():
@@ -306,10 +306,11 @@ def models_download(pair: str) -> None:
 
 
 @contextmanager
-def progress_bar() -> Iterator[Callable[[str, int, int], None]]:
-    """A rich progress bar fed by (label, done, total) calls; silent when stderr is not a terminal."""
+def progress_bar() -> Iterator[tuple[Callable[[str, int, int], None], Callable[[str], None]]]:
+    """(update, say): a rich progress bar fed by (label, done, total) calls, and a way to print a line
+    above it without tearing it; on a non-terminal the bar is silent and lines go to stderr."""
     if not sys.stderr.isatty():
-        yield lambda label, done, total: None
+        yield (lambda label, done, total: None), err
         return
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
@@ -323,7 +324,7 @@ def progress_bar() -> Iterator[Callable[[str, int, int], None]]:
                 tasks[label] = bar.add_task(label, total=total or None)
             bar.update(tasks[label], completed=done)
 
-        yield update
+        yield update, lambda line: bar.console.print(line, markup=False, highlight=False)
 
 
 # ----------------------------------------------------------------------
@@ -355,8 +356,8 @@ def ensure_models(config: Config) -> None:
     if not missing:
         return  # present, or not ours to build: loading reports a missing file with its fix
     err(f"first run: preparing {', '.join(missing)} in {catalog.models_dir} (`localspec models prepare`)")
-    with progress_bar() as progress:
-        Preparer(catalog, say=err, progress=progress).prepare_files(missing)
+    with progress_bar() as (progress, say):
+        Preparer(catalog, say=say, progress=progress).prepare_files(missing)
 
 
 @cli.command()
