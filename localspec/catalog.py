@@ -44,7 +44,7 @@ ASSEMBLY_FACTOR = 2  # free space needed per byte to build: the file, plus its p
 _PARTS_PREFIX = ".parts-"
 
 
-def models_dir() -> Path:
+def user_models_dir() -> Path:
     """Where catalog files are kept: ``$LOCALSPEC_MODELS`` or a per-user cache outside the clone."""
     root = os.environ.get("LOCALSPEC_MODELS") or os.path.join(os.path.expanduser("~"), ".cache", "localspec", "models")
     return Path(root)
@@ -85,7 +85,7 @@ class PairSpec:
 class Catalog:
     files: dict[str, FileSpec] = field(default_factory=dict)
     pairs: dict[str, PairSpec] = field(default_factory=dict)
-    models_dir: Path = field(default_factory=models_dir)
+    models_dir: Path = field(default_factory=user_models_dir)
 
     @classmethod
     def load(cls, path: Path = CATALOG_FILE, models_dir: Path | None = None) -> "Catalog":
@@ -105,7 +105,7 @@ class Catalog:
                 offline=bool(spec.get("offline", False)),
                 test_only=bool(spec.get("test_only", False)),
             )
-        return cls(files, pairs, models_dir or globals()["models_dir"]())
+        return cls(files, pairs, models_dir or user_models_dir())
 
     def path(self, name: str) -> Path:
         return self.models_dir / name

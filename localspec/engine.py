@@ -53,14 +53,7 @@ class Engine:
         config = resolve_pair(config)
         self.config = config
         self.backend = backend
-        self.settings = backend.LlamaSettings(
-            n_ctx=config.model.n_ctx,
-            n_batch=config.model.n_batch,
-            threads=config.model.threads,
-            n_gpu_layers=config.model.n_gpu_layers,
-            flash_attention=config.model.flash_attention,
-            use_mmap=config.model.use_mmap,
-        )
+        self.settings = llama_settings(config)
         self.lock = threading.Lock()
         self.target_path = config.resolve_path(config.model.target)
         self.target = backend.LlamaModel(self.target_path, self.settings, "target", _stage(progress, "target"))
@@ -267,6 +260,21 @@ class Engine:
             self.decoder = SpeculativeDecoder(self.target, self.target, self.drafter)
             self._target_token_s = None
         old.close()
+
+
+def llama_settings(config: Config):
+    """llama.cpp's load and context settings from the ``model`` section (shared with the benchmarks)."""
+    from .llama_backend import LlamaSettings
+
+    model = config.model
+    return LlamaSettings(
+        n_ctx=model.n_ctx,
+        n_batch=model.n_batch,
+        threads=model.threads,
+        n_gpu_layers=model.n_gpu_layers,
+        flash_attention=model.flash_attention,
+        use_mmap=model.use_mmap,
+    )
 
 
 def _stage(progress: Progress | None, stage: str) -> Callable[[float], None] | None:

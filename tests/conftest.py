@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from localspec.catalog import models_dir
+from localspec.catalog import user_models_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = models_dir()
+MODELS = user_models_dir()
 TARGET = MODELS / "SmolLM2-135M-Instruct.F32.gguf"
 DRAFT = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 WEAK_DRAFT = MODELS / "SmolLM2-135M-Instruct.Q4_0.gguf"

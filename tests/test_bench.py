@@ -89,3 +89,21 @@ def test_unknown_variant_is_one_line_error_naming_it() -> None:
         "error: unknown bench variant 'warp-speed'; choose from target-only, greedy, rejection, invariant, "
         "token-match, prompt-lookup, adaptive"
     ]
+
+
+def test_kernels_bench_compares_placements_and_checks_invariance(real_paths) -> None:
+    """The real pair's target: repacked weights (default) next to plain memory, one interleaved run."""
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "localspec.bench", "kernels", "--pair", "qwen2.5-coder-1.5b",
+                           "--model", "target", "--repeats", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| repacked") or line.startswith("| plain")]
+    assert len(rows) == 2, proc.stdout
+    repacked, plain = rows
+    assert "CPU_REPACK" in repacked and "CPU_REPACK" not in plain
+    assert repacked.endswith("| yes |") and plain.endswith("| yes |")  # both placements batch-invariant
+    assert repacked.count("(1.00×)") == 3

@@ -118,7 +118,7 @@ def test_the_real_pair_is_declared_with_sizes_checksums_and_all_parts() -> None:
     assert target.sha256.startswith("cc324af0") and draft.sha256.startswith("1d961463")
     members = [part["member"] for part in target.source["pypi_parts"]]
     assert members[0].endswith("part01.bin") and members[-1].endswith("part22.bin")
-    assert catalog.models_dir == cat.models_dir()  # the per-user cache (or $LOCALSPEC_MODELS), not the clone
+    assert catalog.models_dir == cat.user_models_dir()  # the per-user cache (or $LOCALSPEC_MODELS), not the clone
 
 
 def test_the_pair_fills_what_is_left_empty_and_explicit_paths_win(tmp_path) -> None:

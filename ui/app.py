@@ -25,7 +25,7 @@ from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Iterator  # noqa: E402
 
-from localspec.catalog import models_dir  # noqa: E402
+from localspec.catalog import user_models_dir  # noqa: E402
 from localspec.config import PROJECT_ROOT, Config  # noqa: E402
 from localspec.errors import LocalspecError  # noqa: E402
 from localspec.modes import MODES  # noqa: E402
@@ -223,7 +223,7 @@ def _first_interesting(run: Run) -> int | None:
 
 def model_choices(config: Config) -> tuple[list[str], list[str]]:
     """GGUF files in the models folder and models/ (plus the configured ones) for the pair pickers."""
-    folders = dict.fromkeys([models_dir(), PROJECT_ROOT / "models"])
+    folders = dict.fromkeys([user_models_dir(), PROJECT_ROOT / "models"])
     found = sorted(str(p) for folder in folders for p in folder.glob("*.gguf"))
     targets = list(dict.fromkeys([config.model.target, *found]))
     drafts = list(dict.fromkeys([config.model.draft, *found, "ngram", "none"]))
