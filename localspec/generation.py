@@ -178,9 +178,11 @@ class SpeculativeDecoder:
             draft_t0 = _decode_seconds(draft_model)
             target_t0 = self.target.decode_seconds
             draft = drafter.propose(context, k, mode) if drafter is not None and k > 0 else Draft()
+            draft = _up_to_first_unscorable(draft, self.target.vocab_size)
             draft_s = _decode_seconds(draft_model) - draft_t0
 
-            target_logits = self.target.extend([context[-1], *draft.tokens], len(draft.tokens) + 1)
+            scored = [t for t in draft.tokens if t < self.target.vocab_size]  # all, or all but a doomed last one
+            target_logits = self.target.extend([context[-1], *scored], len(scored) + 1)
             verdict = mode.verify(draft, target_logits, context)
             self.target.truncate(len(context) + verdict.n_accepted)
             verify_s = self.target.decode_seconds - target_t0
@@ -295,10 +297,35 @@ class SpeculativeDecoder:
         return [TopEntry(int(t), self._piece(int(t)), float(row[t])) for t in idx]
 
     def _piece(self, token: int) -> str:
-        return self.vocab.token_bytes(token).decode("utf-8", errors="replace")
+        vocab = self.vocab if token < self.target.vocab_size else getattr(self.drafter, "model", None)
+        if vocab is None:
+            return f"<token {token}>"
+        return vocab.token_bytes(token).decode("utf-8", errors="replace")
 
 
 # ----------------------------------------------------------------------
+def _up_to_first_unscorable(draft: Draft, target_vocab: int) -> Draft:
+    """The draft cut after its first token the target does not have (a draft vocabulary may be larger).
+
+    Such a token has p = 0, so every rule rejects it for certain: rejection
+    accepts with min(1, 0/q) = 0, greedy's argmax and the Gumbel pick never
+    land on it, token-match's target sample never equals it. So it stays in
+    the draft, with the q it was sampled from (the residual needs it), but
+    the target never evaluates it — llama.cpp would refuse the id — and the
+    drafts after it, which can never be reached, are dropped. Its verdict
+    needs only the rows of the tokens before it.
+    """
+    for i, token in enumerate(draft.tokens):
+        if token >= target_vocab:
+            keep = i + 1
+            return Draft(
+                draft.tokens[:keep],
+                draft.q_rows[:keep] if draft.q_rows is not None else None,
+                draft.logits[:keep] if draft.logits is not None else None,
+            )
+    return draft
+
+
 def _decode_seconds(model: LanguageModel | None) -> float:
     return model.decode_seconds if model is not None else 0.0
 

@@ -1,11 +1,13 @@
 """Statistical proof that the real speculative loop samples exactly from the target (DESIGN §3).
 
 Toy prefix-dependent models (V = 6) give exact joint probabilities of the
-first three generated tokens by enumeration. The real loop runs with K = 3
-(``max_tokens = 4`` so the first step drafts all three), and its samples are
-compared with Pearson's chi-square at significance 1e-6 on each position's
-marginal, both adjacent pairs, the full 3-token joint, and the number of
-drafts accepted in the first step.
+first four generated tokens by enumeration. The real loop runs with K = 3
+(``max_tokens = 4`` so the first step drafts all three), so the fourth token
+is the first step's bonus token whenever all three drafts are accepted: the
+bonus is inside the tested window. Samples are compared with Pearson's
+chi-square at significance 1e-6 on each position's marginal, the adjacent
+pairs, the full 4-token joint, and the number of drafts accepted in the
+first step.
 
 Every test has negative controls: the four bugs of DESIGN §2 as small broken
 variants, which must fail the same statistics by a wide margin. Run with
@@ -40,6 +42,7 @@ from .toy import ToyLM, exact_joint
 
 V = 6
 K = 3
+LENGTH = K + 1  # the first step's drafts and its bonus
 PROMPT = [0, 1, 2, 3, 4, 5, 0, 1]  # the n-gram drafter finds "0 1" and proposes "2 3 4"
 N_RUNS = 20_000
 T = 0.8
@@ -82,8 +85,8 @@ def sample(
     n_runs: int = N_RUNS,
     seed0: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Counts of the first 3 tokens (shape V,V,V) and of the first step's accepted drafts (K+1)."""
-    joint = np.zeros((V,) * 3)
+    """Counts of the first LENGTH tokens (shape V,...,V) and of the first step's accepted drafts (K+1)."""
+    joint = np.zeros((V,) * LENGTH)
     accepted = np.zeros(K + 1)
     for run in range(n_runs):
         options = GenerationOptions(mode=mode, max_tokens=4, draft_tokens=K, seed=seed0 + run, request_key=7)
@@ -92,18 +95,20 @@ def sample(
             if isinstance(event, StepEvent) and first_step is None:
                 first_step = event
             elif isinstance(event, GenerationResult):
-                joint[tuple(event.token_ids[:3])] += 1
+                joint[tuple(event.token_ids[:LENGTH])] += 1
         if first_step is not None and first_step.k == K:
             accepted[first_step.n_accepted] += 1
     return joint, accepted
 
 
 def report(joint_counts: np.ndarray, exact: np.ndarray, accepted_counts=None, accepted_exact=None) -> Report:
-    marginals = [
-        chi_square(joint_counts.sum(axis=tuple(a for a in range(3) if a != i)), exact.sum(axis=tuple(a for a in range(3) if a != i)))
-        for i in range(3)
-    ]
-    pairs = [chi_square(joint_counts.sum(axis=2), exact.sum(axis=2)), chi_square(joint_counts.sum(axis=0), exact.sum(axis=0))]
+    n = joint_counts.ndim
+
+    def keep(counts: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        return counts.sum(axis=tuple(a for a in range(n) if a not in axes))
+
+    marginals = [chi_square(keep(joint_counts, (i,)), keep(exact, (i,))) for i in range(n)]
+    pairs = [chi_square(keep(joint_counts, (i, i + 1)), keep(exact, (i, i + 1))) for i in range(n - 1)]
     acc = chi_square(accepted_counts, accepted_exact) if accepted_counts is not None and accepted_counts.sum() else None
     return Report(marginals, pairs, chi_square(joint_counts, exact), acc)
 
@@ -135,7 +140,7 @@ def test_model_drafter_matches_target_exactly(name: str) -> None:
     target, draft = _models()
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
     joint, accepted = sample(decoder, params, mode)
-    exact = exact_joint(target, PROMPT, params, 3, V)
+    exact = exact_joint(target, PROMPT, params, LENGTH, V)
     acc_exact = accepted_length_distribution(_rows(target, params), _rows(draft, params), PROMPT, K, accept)
     result = report(joint, exact, accepted, acc_exact)
     print(f"\n[{name}]\n{result}")
@@ -149,10 +154,67 @@ def test_smaller_draft_vocabulary_is_padded_exactly() -> None:
     target, draft = _models(draft_vocab=V - 1)
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
     joint, accepted = sample(decoder, params, "rejection", n_runs=N_RUNS // 2)
-    exact = exact_joint(target, PROMPT, params, 3, V)
+    exact = exact_joint(target, PROMPT, params, LENGTH, V)
     acc_exact = accepted_length_distribution(_rows(target, params), _rows(draft, params, V), PROMPT, K, accept_rejection)
     result = report(joint, exact, accepted, acc_exact)
     print(f"\n[draft vocabulary {V - 1} < {V}]\n{result}")
+    assert all(c.passed for c in result.all()), str(result)
+
+
+class StrictToyLM(ToyLM):
+    """A target that refuses token ids outside its vocabulary, as llama.cpp does."""
+
+    def extend(self, tokens, n_logits):
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary ({self.vocab_size})")
+        return super().extend(tokens, n_logits)
+
+
+class WideDraftLM(ToyLM):
+    """A draft with one token more than the target (id V, which the target lacks), proposed often."""
+
+    def logits(self, prefix):
+        key = tuple(prefix)
+        rng = np.random.default_rng([self.seed, len(key), *key])
+        shared = self.base.logits(key).astype(np.float64) + self.noise * rng.standard_normal(V)
+        return np.append(shared, rng.standard_normal() + 1.0).astype(np.float32)
+
+
+def _wide_models() -> tuple[StrictToyLM, WideDraftLM]:
+    target = StrictToyLM(V, seed=11, scale=1.6, name="toy-target")
+    return target, WideDraftLM(V + 1, seed=23, base=target, noise=1.2, name="toy-wide-draft")
+
+
+@pytest.mark.parametrize("mode", ["rejection", "greedy", "invariant", "token-match"])
+def test_larger_draft_vocabulary_never_reaches_the_target(mode: str) -> None:
+    """A draft token the target does not have (p = 0) is rejected, never evaluated by the target."""
+    target, draft = _wide_models()
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft, vocab_size=V + 1))
+    params = SamplingParams(temperature=0.0 if mode == "greedy" else T)
+    proposed_extra = 0
+    for run in range(300):
+        options = GenerationOptions(mode=mode, max_tokens=12, draft_tokens=K, seed=run, request_key=7, adaptive=False,
+                                    detail_top=3)  # the evidence rows (UI, traces) name the draft-only token too
+        for event in decoder.stream(PROMPT, params, options):
+            if isinstance(event, StepEvent):
+                proposed_extra += V in event.drafted
+                assert V not in event.drafted[: event.n_accepted] and V not in event.emitted
+                assert event.drafted.index(V) == len(event.drafted) - 1 if V in event.drafted else True
+    assert proposed_extra > 50, "the draft never proposed its extra token: the test shows nothing"
+
+
+@pytest.mark.parametrize("mode, accept", [("rejection", accept_rejection), ("invariant", accept_gumbel)])
+def test_larger_draft_vocabulary_is_exact(mode: str, accept) -> None:
+    """q stays the distribution over V + 1 ids the draft token was drawn from: still exact."""
+    params = SamplingParams(temperature=T)
+    target, draft = _wide_models()
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft, vocab_size=V + 1))
+    joint, accepted = sample(decoder, params, mode, n_runs=N_RUNS // 2)
+    exact = exact_joint(target, PROMPT, params, LENGTH, V)
+    acc_exact = accepted_length_distribution(_rows(target, params, V + 1), _rows(draft, params, V + 1), PROMPT, K, accept)
+    result = report(joint, exact, accepted, acc_exact)
+    print(f"\n[draft vocabulary {V + 1} > {V}, {mode}]\n{result}")
     assert all(c.passed for c in result.all()), str(result)
 
 
@@ -163,7 +225,7 @@ def test_onehot_drafter_matches_target_exactly() -> None:
     ngram = NgramDrafter(max_ngram=3)
     decoder = SpeculativeDecoder(target, target, ngram)
     joint, accepted = sample(decoder, params, "rejection")
-    exact = exact_joint(target, PROMPT, params, 3, V)
+    exact = exact_joint(target, PROMPT, params, LENGTH, V)
     proposal = ngram.propose(PROMPT, K, RejectionMode(params, np.random.default_rng(0), V)).tokens
     assert len(proposal) == K
 
@@ -214,6 +276,16 @@ class ResidualIsP(RejectionMode):
         return Verdict(len(draft.tokens), sample_index(p_rows[len(draft.tokens)], self.rng), True, checks)
 
 
+class BonusUniform(RejectionMode):
+    """Bug (e): the bonus token after a fully accepted draft is drawn uniformly instead of from p."""
+
+    def verify(self, draft, target_logits, context):
+        verdict = super().verify(draft, target_logits, context)
+        if verdict.bonus and draft.tokens:
+            return replace(verdict, token=int(self.rng.integers(self.vocab_size)))
+        return verdict
+
+
 class StaleRollbackLM(ToyLM):
     """Bug (d): rollback leaves one rejected position in the cache."""
 
@@ -226,6 +298,7 @@ NEGATIVE = {
     "(b) argmax draft treated as sample": ArgmaxDraft,
     "(c) residual replaced by p": ResidualIsP,
     "(d) rollback leaves a stale position": None,
+    "(e) bonus drawn uniformly": BonusUniform,
 }
 
 
@@ -247,7 +320,7 @@ def test_negative_control_is_detected(name: str, monkeypatch: pytest.MonkeyPatch
         monkeypatch.setattr(generation, "make_mode", lambda n, p, rng, v, seed=0, request_key=0: broken(p, rng, v))
         mode = "rejection"
     joint, accepted = sample(decoder, params, mode)
-    exact = exact_joint(reference, PROMPT, params, 3, V)
+    exact = exact_joint(reference, PROMPT, params, LENGTH, V)
     acc_exact = accepted_length_distribution(_rows(reference, params), _rows(draft, params), PROMPT, K, accept_rejection)
     result = report(joint, exact, accepted, acc_exact)
     print(f"\n[NEGATIVE {name}]\n{result}")
