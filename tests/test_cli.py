@@ -148,7 +148,15 @@ def test_bad_temperature() -> None:
 # ---------------------------------------------------------------------------
 # doctor and the invariance warning
 # ---------------------------------------------------------------------------
+def cpu_build_precondition() -> None:
+    """The doctor tests pin CPU facts (the backend line, flash attention's effect past position 256)."""
+    from localspec.llama_backend import gpu_offload_supported
+
+    assert not gpu_offload_supported(), "precondition: a CPU-only build of llama-cpp-python (these tests measure CPU kernels)"
+
+
 def test_doctor_reports_build_backend_memory_and_invariance() -> None:
+    cpu_build_precondition()
     result = run_cli("doctor")
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -159,6 +167,7 @@ def test_doctor_reports_build_backend_memory_and_invariance() -> None:
 
 
 def test_doctor_finds_flash_attention_non_invariant(tmp_path) -> None:
+    cpu_build_precondition()
     config = tmp_path / "fa.yaml"
     config.write_text(f"model:\n  target: {TARGET}\n  draft: none\n  flash_attention: true\n")
     result = run_cli("--config", str(config), "doctor")

@@ -32,18 +32,46 @@ from localspec.verify import (
 )
 
 
+class AlwaysReject:
+    """A generator whose uniforms are all just below 1: every draft token with p < q is rejected."""
+
+    def random(self) -> float:
+        return 1.0 - 1e-12
+
+
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    r = np.maximum(p - q, 0.0)
-    return r / r.sum()
+    """The distribution ``verify_rejection`` draws its correction from, captured at its ``sample_index`` call.
+
+    The draft token is the one q favours most over p, so a rejection is possible; ``AlwaysReject`` makes it
+    happen. What is tested is the production code's residual, not a formula restated here.
+    """
+    from unittest import mock
+
+    import localspec.verify as verify
+
+    captured: list[np.ndarray] = []
+
+    def capture(row, rng):
+        row = np.asarray(row, dtype=np.float64)
+        captured.append(row / row.sum())
+        return 0
+
+    token = int(np.argmax(q - p))
+    with mock.patch.object(verify, "sample_index", capture):
+        verdict = verify_rejection([token], [q], [p, p], AlwaysReject())
+    assert verdict.n_accepted == 0 and len(captured) == 1
+    return captured[0]
 
 
-def decomposes(p: np.ndarray, q: np.ndarray) -> bool:
-    """min(p, q) + (1 - sum min(p, q)) * residual == p, elementwise (DESIGN §3)."""
+def decomposes(p: np.ndarray, q: np.ndarray, residual_row: np.ndarray | None = None) -> bool:
+    """min(p, q) + (1 - sum min(p, q)) * residual == p, elementwise (DESIGN §3), with the production residual
+    unless another row is given (the negative controls)."""
     m = np.minimum(p, q)
     rejection = 1.0 - m.sum()
     if rejection <= 1e-15:
         return np.allclose(m, p, atol=1e-15)
-    return np.allclose(m + rejection * residual(p, q), p, rtol=0, atol=1e-12)
+    row = residual(p, q) if residual_row is None else residual_row
+    return np.allclose(m + rejection * row, p, rtol=0, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------
@@ -56,6 +84,8 @@ def test_residual_identity_on_random_pairs() -> None:
         p = probabilities(rng.normal(size=v) * 3, SamplingParams(temperature=0.8))
         q = probabilities(rng.normal(size=v) * 3, SamplingParams(temperature=1.3))
         assert decomposes(p, q)
+        # negative controls: the bug of DESIGN §2 (residual replaced by p), and q in place of p - q
+        assert not decomposes(p, q, p) and not decomposes(p, q, q)
 
 
 def test_identical_distributions_always_accept() -> None:

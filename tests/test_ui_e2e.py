@@ -27,7 +27,9 @@ def test_streamed_reply_carries_per_token_statuses(ui_server):
     updates = [output[0] for output in job]  # every streamed (chat, stats, notice) update
     final_chat, stats, notice = job.outputs()[-1]
     assert notice == ""
-    statuses = [status for cls, status in STATUS.findall(final_chat) if cls == status]
+    spans = STATUS.findall(final_chat)
+    assert all(cls == status for cls, status in spans), [pair for pair in spans if pair[0] != pair[1]]
+    statuses = [status for _, status in spans]
     assert statuses, final_chat[:500]
     assert set(statuses) <= {"accepted", "corrected", "bonus", "target"} and "accepted" in statuses
     counts = [len(STATUS.findall(html)) for html in updates]
