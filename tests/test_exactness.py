@@ -46,6 +46,10 @@ LENGTH = K + 1  # the first step's drafts and its bonus
 PROMPT = [0, 1, 2, 3, 4, 5, 0, 1]  # the n-gram drafter finds "0 1" and proposes "2 3 4"
 N_RUNS = 20_000
 T = 0.8
+# For penalties: ids 3, 4 and 5 unseen, 0 seen three times (frequency), and with penalty_last_n = 4 the
+# early 0 and 2 fall out of the window as tokens are drafted, so every penalty depends on the history.
+PENALTY_PROMPT = [2, 0, 1, 0, 1, 0]
+PENALTIES = SamplingParams(temperature=T, repeat_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.5, penalty_last_n=4)
 
 
 @dataclass
@@ -84,6 +88,7 @@ def sample(
     mode: str,
     n_runs: int = N_RUNS,
     seed0: int = 0,
+    prompt: list[int] = PROMPT,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Counts of the first LENGTH tokens (shape V,...,V) and of the first step's accepted drafts (K+1)."""
     joint = np.zeros((V,) * LENGTH)
@@ -91,7 +96,7 @@ def sample(
     for run in range(n_runs):
         options = GenerationOptions(mode=mode, max_tokens=4, draft_tokens=K, seed=seed0 + run, request_key=7)
         first_step = None
-        for event in decoder.stream(PROMPT, params, options):
+        for event in decoder.stream(prompt, params, options):
             if isinstance(event, StepEvent) and first_step is None:
                 first_step = event
             elif isinstance(event, GenerationResult):
@@ -121,27 +126,25 @@ def _rows(model: ToyLM, params: SamplingParams, size: int = V) -> Callable:
 # correct configurations
 # ---------------------------------------------------------------------------
 CASES = {
-    "rejection T=0.8": (SamplingParams(temperature=T), "rejection", accept_rejection),
-    "rejection T=0.8 top-k=3": (SamplingParams(temperature=T, top_k=3), "rejection", accept_rejection),
-    "rejection T=0.8 top-p=0.9": (SamplingParams(temperature=T, top_p=0.9), "rejection", accept_rejection),
-    "rejection T=0.8 min-p=0.1 + penalties": (
-        SamplingParams(temperature=T, min_p=0.1, repeat_penalty=1.3, presence_penalty=0.2),
-        "rejection",
-        accept_rejection,
-    ),
-    "token-match T=0.8": (SamplingParams(temperature=T), "token-match", accept_token_match),
-    "invariant (Gumbel) T=0.8": (SamplingParams(temperature=T), "invariant", accept_gumbel),
+    "rejection T=0.8": (SamplingParams(temperature=T), "rejection", accept_rejection, PROMPT),
+    "rejection T=0.8 top-k=3": (SamplingParams(temperature=T, top_k=3), "rejection", accept_rejection, PROMPT),
+    "rejection T=0.8 top-p=0.9": (SamplingParams(temperature=T, top_p=0.9), "rejection", accept_rejection, PROMPT),
+    "rejection T=0.8 min-p=0.1": (SamplingParams(temperature=T, min_p=0.1), "rejection", accept_rejection, PROMPT),
+    "rejection T=0.8 penalties (window 4)": (PENALTIES, "rejection", accept_rejection, PENALTY_PROMPT),
+    "token-match T=0.8": (SamplingParams(temperature=T), "token-match", accept_token_match, PROMPT),
+    "invariant (Gumbel) T=0.8": (SamplingParams(temperature=T), "invariant", accept_gumbel, PROMPT),
+    "invariant (Gumbel) penalties (window 4)": (PENALTIES, "invariant", accept_gumbel, PENALTY_PROMPT),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_model_drafter_matches_target_exactly(name: str) -> None:
-    params, mode, accept = CASES[name]
+    params, mode, accept, prompt = CASES[name]
     target, draft = _models()
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
-    joint, accepted = sample(decoder, params, mode)
-    exact = exact_joint(target, PROMPT, params, LENGTH, V)
-    acc_exact = accepted_length_distribution(_rows(target, params), _rows(draft, params), PROMPT, K, accept)
+    joint, accepted = sample(decoder, params, mode, prompt=prompt)
+    exact = exact_joint(target, prompt, params, LENGTH, V)
+    acc_exact = accepted_length_distribution(_rows(target, params), _rows(draft, params), prompt, K, accept)
     result = report(joint, exact, accepted, acc_exact)
     print(f"\n[{name}]\n{result}")
     failed = [str(c) for c in result.all() if not c.passed]
@@ -286,6 +289,13 @@ class BonusUniform(RejectionMode):
         return verdict
 
 
+class HistoryDropsDrafts(RejectionMode):
+    """Bug (f): the penalty history at draft position i leaves out the drafts before it."""
+
+    def history(self, context, draft, i):
+        return list(context[-self.params.penalty_last_n :]) if self.params.has_penalties else []
+
+
 class StaleRollbackLM(ToyLM):
     """Bug (d): rollback leaves one rejected position in the cache."""
 
@@ -293,35 +303,33 @@ class StaleRollbackLM(ToyLM):
         super().truncate(n_keep + 1)
 
 
-NEGATIVE = {
-    "(a) draft temperature not passed": DraftTemperatureNotPassed,
-    "(b) argmax draft treated as sample": ArgmaxDraft,
-    "(c) residual replaced by p": ResidualIsP,
-    "(d) rollback leaves a stale position": None,
-    "(e) bonus drawn uniformly": BonusUniform,
+NEGATIVE = {  # name -> (broken mode, or None for the stale-rollback model; params; prompt)
+    "(a) draft temperature not passed": (DraftTemperatureNotPassed, SamplingParams(temperature=T), PROMPT),
+    "(b) argmax draft treated as sample": (ArgmaxDraft, SamplingParams(temperature=T), PROMPT),
+    "(c) residual replaced by p": (ResidualIsP, SamplingParams(temperature=T), PROMPT),
+    "(d) rollback leaves a stale position": (None, SamplingParams(temperature=T), PROMPT),
+    "(e) bonus drawn uniformly": (BonusUniform, SamplingParams(temperature=T), PROMPT),
+    "(f) penalty history drops the drafts": (HistoryDropsDrafts, PENALTIES, PENALTY_PROMPT),
 }
 
 
 @pytest.mark.parametrize("name", list(NEGATIVE))
 def test_negative_control_is_detected(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    params = SamplingParams(temperature=T)
-    if NEGATIVE[name] is None:
+    broken, params, prompt = NEGATIVE[name]
+    if broken is None:
         reference, _ = _models()
         target = StaleRollbackLM(V, seed=11, scale=1.6, name="stale")
         draft = ToyLM(V, seed=23, base=target, noise=1.2)
         decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
-        mode = "rejection"
     else:
         reference, draft = _models()
         decoder = SpeculativeDecoder(reference, reference, ModelDrafter(draft))
-        broken = NEGATIVE[name]
         import localspec.generation as generation
 
         monkeypatch.setattr(generation, "make_mode", lambda n, p, rng, v, seed=0, request_key=0: broken(p, rng, v))
-        mode = "rejection"
-    joint, accepted = sample(decoder, params, mode)
-    exact = exact_joint(reference, PROMPT, params, LENGTH, V)
-    acc_exact = accepted_length_distribution(_rows(reference, params), _rows(draft, params), PROMPT, K, accept_rejection)
+    joint, accepted = sample(decoder, params, "rejection", prompt=prompt)
+    exact = exact_joint(reference, prompt, params, LENGTH, V)
+    acc_exact = accepted_length_distribution(_rows(reference, params), _rows(draft, params), prompt, K, accept_rejection)
     result = report(joint, exact, accepted, acc_exact)
     print(f"\n[NEGATIVE {name}]\n{result}")
     assert not result.joint.passed, f"{name} went undetected by the joint test: {result.joint}"
