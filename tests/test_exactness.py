@@ -25,7 +25,7 @@ import pytest
 from localspec.drafters import ModelDrafter, NgramDrafter
 from localspec.events import GenerationResult, StepEvent
 from localspec.generation import GenerationOptions, SpeculativeDecoder
-from localspec.modes import RejectionMode
+from localspec.modes import InvariantMode, RejectionMode
 from localspec.sampling import SamplingParams, probabilities, sample_index
 from localspec.verify import DraftCheck, Verdict
 
@@ -333,4 +333,63 @@ def test_negative_control_is_detected(name: str, monkeypatch: pytest.MonkeyPatch
     result = report(joint, exact, accepted, acc_exact)
     print(f"\n[NEGATIVE {name}]\n{result}")
     assert not result.joint.passed, f"{name} went undetected by the joint test: {result.joint}"
+    assert result.worst() > 3.0, f"{name} is detected only marginally: {result}"
+
+
+# ---------------------------------------------------------------------------
+# negative controls of invariant mode (Gumbel coupling)
+# ---------------------------------------------------------------------------
+# In invariant mode the committed text is always the target's own Gumbel pick, so draft-side noise bugs
+# cannot change the text's distribution, only how often drafts are accepted: they must show in the
+# accepted-length statistic (whose exact law assumes the draft and the target share the noise). Noise
+# that ignores the position makes every position reuse one draw: the marginals stay right but the
+# positions are coupled, which the pairs and the joint must show.
+class DraftNoiseShifted(InvariantMode):
+    """Bug (g): the draft's noise is the next position's."""
+
+    def pick_draft(self, logits, history, position):
+        return self._coupled_pick(logits, history, position + 1), None
+
+
+class NoiseIgnoresPosition(InvariantMode):
+    """Bug (h): one noise draw per request, reused at every position (by draft and target alike)."""
+
+    def _coupled_pick(self, logits, history, position):
+        return super()._coupled_pick(logits, history, 0)
+
+
+class DraftNoiseOtherSeed(InvariantMode):
+    """Bug (i): the draft's noise comes from another seed than the target's."""
+
+    def pick_draft(self, logits, history, position):
+        self.seed += 1
+        try:
+            return self._coupled_pick(logits, history, position), None
+        finally:
+            self.seed -= 1
+
+
+INVARIANT_NEGATIVE = {
+    "(g) draft noise shifted by one position": (DraftNoiseShifted, "accepted"),
+    "(h) noise ignores the position": (NoiseIgnoresPosition, "joint"),
+    "(i) draft noise from another seed": (DraftNoiseOtherSeed, "accepted"),
+}
+
+
+@pytest.mark.parametrize("name", list(INVARIANT_NEGATIVE))
+def test_invariant_negative_control_is_detected(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    broken, statistic = INVARIANT_NEGATIVE[name]
+    params = SamplingParams(temperature=T)
+    target, draft = _models()
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    import localspec.generation as generation
+
+    monkeypatch.setattr(generation, "make_mode", lambda n, p, rng, v, seed=0, request_key=0: broken(p, rng, v, seed, request_key))
+    joint, accepted = sample(decoder, params, "invariant")
+    exact = exact_joint(target, PROMPT, params, LENGTH, V)
+    acc_exact = accepted_length_distribution(_rows(target, params), _rows(draft, params), PROMPT, K, accept_gumbel)
+    result = report(joint, exact, accepted, acc_exact)
+    print(f"\n[NEGATIVE invariant {name}]\n{result}")
+    failing = result.joint if statistic == "joint" else result.accepted
+    assert not failing.passed, f"{name} went undetected by the {statistic} test: {failing}"
     assert result.worst() > 3.0, f"{name} is detected only marginally: {result}"
