@@ -192,15 +192,14 @@ class SpeculativeDecoder:
             rows = self._position_records(mode, draft, target_logits, context, verdict, options.detail_top)
             stats.steps += 1
             stats.drafted += len(draft.tokens)
-            stats.accepted += verdict.n_accepted
             stats.examined += len(verdict.checks)
-            _count_positions(stats, len(draft.tokens), verdict.n_accepted)
 
             statuses = _statuses(len(draft.tokens), verdict)
             finished = None
+            taken = len(emitted)  # how many of the emitted tokens the reply took (an ending one included)
             for offset, token in enumerate(emitted):
                 if self.vocab.is_end_of_generation(token):
-                    finished = "eos"
+                    finished, taken = "eos", offset + 1
                     break
                 context.append(token)
                 stats.n_tokens += 1
@@ -208,8 +207,12 @@ class SpeculativeDecoder:
                 reply.events.append(event)
                 yield from _released(reply, text.push(token))
                 if text.stopped:
-                    finished = "stop_string"
+                    finished, taken = "stop_string", offset + 1
                     break
+            # drafts the verifier accepted after the reply ended (past an EOS) were never used: not counted
+            accepted = min(verdict.n_accepted, taken)
+            stats.accepted += accepted
+            _count_positions(stats, len(draft.tokens), accepted)
             other_s = time.perf_counter() - step_start - draft_s - verify_s
             stats.draft_s += draft_s
             stats.verify_s += verify_s

@@ -149,6 +149,24 @@ def test_end_of_generation_token_stops_and_is_not_emitted() -> None:
     assert target.eos not in result.token_ids
 
 
+def test_drafts_accepted_past_an_end_of_generation_are_not_counted() -> None:
+    """The draft agrees with the target everywhere, so the verifier accepts all 4 drafts of the first step,
+    the second of which is EOS: the reply takes 1 token and the EOS, so 2 drafts were accepted, not 4."""
+    plain = ToyLM(V, seed=11, scale=1.6)
+    eos = greedy_reference(plain, [2], 6)[1]
+    assert eos != greedy_reference(plain, [2], 6)[0]
+    target = ToyLM(V, seed=11, scale=1.6, eos=eos)
+    draft = ToyLM(V, seed=23, base=target, noise=0.0)  # identical logits: every draft accepted
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    events = list(decoder.stream([2], SamplingParams(temperature=0.0),
+                                 GenerationOptions(mode="greedy", max_tokens=50, draft_tokens=4, adaptive=False)))  # fmt: skip
+    result, step = events[-1], next(e for e in events if isinstance(e, StepEvent))
+    assert step.n_accepted == 4 and step.drafted[1] == eos  # the verifier's own decision, kept in the trace
+    assert result.stop_reason == "eos" and result.stats.n_tokens == 1
+    assert result.stats.accepted == 2 and result.stats.drafted == 4
+    assert result.stats.accepted_by_position[:4] == [1, 1, 0, 0]
+
+
 def test_max_tokens_is_exact_and_limits_the_draft() -> None:
     target, draft = pair(noise=0.1)
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
