@@ -151,16 +151,17 @@ def test_model_drafter_matches_target_exactly(name: str) -> None:
     assert not failed, f"{name}: {failed}"
 
 
-def test_smaller_draft_vocabulary_is_padded_exactly() -> None:
+@pytest.mark.parametrize("mode, accept", [("rejection", accept_rejection), ("invariant", accept_gumbel)])
+def test_smaller_draft_vocabulary_is_padded_exactly(mode: str, accept) -> None:
     """A draft with one token fewer than the target: padded with zero probability, still exact."""
     params = SamplingParams(temperature=T)
     target, draft = _models(draft_vocab=V - 1)
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
-    joint, accepted = sample(decoder, params, "rejection", n_runs=N_RUNS // 2)
+    joint, accepted = sample(decoder, params, mode, n_runs=N_RUNS // 2)
     exact = exact_joint(target, PROMPT, params, LENGTH, V)
-    acc_exact = accepted_length_distribution(_rows(target, params), _rows(draft, params, V), PROMPT, K, accept_rejection)
+    acc_exact = accepted_length_distribution(_rows(target, params), _rows(draft, params, V), PROMPT, K, accept)
     result = report(joint, exact, accepted, acc_exact)
-    print(f"\n[draft vocabulary {V - 1} < {V}]\n{result}")
+    print(f"\n[draft vocabulary {V - 1} < {V}, {mode}]\n{result}")
     assert all(c.passed for c in result.all()), str(result)
 
 
