@@ -264,21 +264,28 @@ def test_target_cache_holds_committed_tokens_minus_the_last_after_every_step() -
     assert list(target.cached_tokens) == context[:-1]
 
 
-def test_second_turn_evaluates_only_new_tokens() -> None:
+@pytest.mark.parametrize("mode, temperature", [("greedy", 0.0), ("rejection", 0.8), ("invariant", 0.8)])
+def test_second_turn_evaluates_only_new_tokens(mode: str, temperature: float) -> None:
+    """KV reuse across turns, also after sampling turns whose rejected drafts were rolled back in both caches:
+    the second turn evaluates only its new tokens and samples exactly what a fresh decoder would (same seed,
+    fixed K; the toy's logits depend on the prefix alone, so any stale cache entry would change them)."""
+    params = SamplingParams(temperature=temperature)
     target, draft = pair()
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
     first_prompt = [0, 1, 2, 3]
-    first = run(decoder, first_prompt, SamplingParams(temperature=0.0), mode="greedy", max_tokens=10)
+    first = run(decoder, first_prompt, params, mode=mode, max_tokens=10, seed=3, adaptive=False)
     second_prompt = first_prompt + first.token_ids + [4, 5]
-    second = run(decoder, second_prompt, SamplingParams(temperature=0.0), mode="greedy", max_tokens=10)
+    second = run(decoder, second_prompt, params, mode=mode, max_tokens=10, seed=4, adaptive=False)
     # the cache held prompt + reply minus its last token; only that token and the 2 new ones (minus the
     # pending last) are evaluated before the first step
     assert second.stats.n_prompt_evaluated == 2
     fresh_target, fresh_draft = pair()
     fresh = run(SpeculativeDecoder(fresh_target, fresh_target, ModelDrafter(fresh_draft)), second_prompt,
-                SamplingParams(temperature=0.0), mode="greedy", max_tokens=10)  # fmt: skip
+                params, mode=mode, max_tokens=10, seed=4, adaptive=False)  # fmt: skip
     assert fresh.token_ids == second.token_ids
     assert fresh.stats.n_prompt_evaluated == len(second_prompt) - 1
+    if mode != "greedy":
+        assert first.stats.accepted < first.stats.drafted or second.stats.accepted < second.stats.drafted, "no rollback"
 
 
 def test_draft_catches_up_on_its_unevaluated_last_proposal() -> None:
