@@ -102,35 +102,46 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def ui_server(demo_paths, tmp_path_factory):
-    """`localspec ui` in a subprocess on a free port (demo pair, short replies); yields (url, process)."""
-    import time
-    import urllib.request
+    """`localspec ui` in a subprocess on a free port (demo pair, short replies); yields (url, process, log).
+
+    Ready means the server printed its URL line, which it does once it answers:
+    the fixture waits for that line (or for the process to exit), never for a clock.
+    """
+    import threading
 
     target, draft, _ = demo_paths
     port = _free_port()
-    log = (tmp_path_factory.mktemp("ui") / "server.log").open("w+")
-    env = {**os.environ, "LOCALSPEC_CACHE": str(tmp_path_factory.getbasetemp() / "cache")}
+    log_path = tmp_path_factory.mktemp("ui") / "server.log"
+    writer = log_path.open("a")
+    env = {**os.environ, "LOCALSPEC_CACHE": str(tmp_path_factory.getbasetemp() / "cache"), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "localspec", "ui", "--port", str(port), "--ctx", "1024", "--max-tokens", "24",
          "--threads", str(TEST_THREADS),
          "--target", str(target), "--draft", str(draft)],  # fmt: skip
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
+    ready_or_gone, ready = threading.Event(), threading.Event()
+
+    def copy_output() -> None:  # the server's output goes to the log; its URL line means "ready"
+        for line in proc.stdout:
+            writer.write(line)
+            writer.flush()
+            if line.startswith(f"localspec UI: {url}"):
+                ready.set()
+                ready_or_gone.set()
+        ready_or_gone.set()  # end of output: the process exited
+
+    copier = threading.Thread(target=copy_output, daemon=True)
+    copier.start()
     try:
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"`localspec ui` exited with {proc.returncode}:\n{log.read()[-3000:]}")
-            try:
-                urllib.request.urlopen(url + "/config", timeout=2).read()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    pytest.fail("`localspec ui` did not answer within 180 s")
-                time.sleep(0.5)
-        yield url, proc, log
+        ready_or_gone.wait()
+        if not ready.is_set():
+            proc.wait()
+            copier.join()
+            pytest.fail(f"`localspec ui` exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        with log_path.open() as log:  # the tests' own handle: reading never moves the writer
+            yield url, proc, log
     finally:
         proc.terminate()
         try:
@@ -138,4 +149,5 @@ def ui_server(demo_paths, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        log.close()
+        copier.join()
+        writer.close()

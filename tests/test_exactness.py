@@ -134,6 +134,8 @@ CASES = {
     "token-match T=0.8": (SamplingParams(temperature=T), "token-match", accept_token_match, PROMPT),
     "invariant (Gumbel) T=0.8": (SamplingParams(temperature=T), "invariant", accept_gumbel, PROMPT),
     "invariant (Gumbel) penalties (window 4)": (PENALTIES, "invariant", accept_gumbel, PENALTY_PROMPT),
+    "invariant (Gumbel) top-k=4 top-p=0.9 min-p=0.05": (
+        SamplingParams(temperature=T, top_k=4, top_p=0.9, min_p=0.05), "invariant", accept_gumbel, PROMPT),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import itertools
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -83,6 +84,29 @@ def test_invariant_mode_text_does_not_depend_on_the_drafter() -> None:
         assert len(set(map(tuple, outputs.values()))) == 1, (seed, outputs)
     # the drafts really did something different (otherwise the test would be vacuous)
     assert accepted["draft A"] > accepted["draft B"] > 0 and accepted["no draft"] == 0
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05),
+    SamplingParams(temperature=0.8, repeat_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.5, penalty_last_n=4),
+], ids=["top-k top-p min-p", "penalties"])  # fmt: skip
+def test_invariant_mode_with_filters_and_penalties_does_not_depend_on_the_drafter(params: SamplingParams) -> None:
+    """Filters zero out tokens the draft may still propose; penalties depend on the drafted history."""
+    target = ToyLM(V, seed=11, scale=1.6)
+    decoders = {
+        "draft": SpeculativeDecoder(target, target, ModelDrafter(ToyLM(V, seed=23, base=target, noise=1.5))),
+        "prompt lookup": SpeculativeDecoder(target, target, NgramDrafter()),
+        "no draft": SpeculativeDecoder(target, target, None),
+    }
+    accepted = 0
+    for seed in range(400):
+        outputs = set()
+        for name, decoder in decoders.items():
+            result = run(decoder, [1, 2, 1, 2, 1], params, mode="invariant", max_tokens=16, draft_tokens=3, seed=seed)
+            outputs.add(tuple(result.token_ids))
+            accepted += result.stats.accepted if name == "draft" else 0
+        assert len(outputs) == 1, (seed, outputs)
+    assert accepted > 0
 
 
 def test_invariant_mode_with_prompt_lookup_matches_no_draft() -> None:
@@ -210,6 +234,52 @@ def test_stop_string_truncates_and_never_shows() -> None:
     assert result.stop_reason == "stop_string"
     assert result.text == streamed == full.text[: full.text.index(stop)]
     assert stop not in streamed
+
+
+class MultiByteLM(ToyLM):
+    """A toy whose pieces include a character split over two tokens (é = C3 | A9) and a 3-byte one (→)."""
+
+    PIECES = [b"\xc3", b"\xa9", b"a", "→".encode(), b" ", b"b"]
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.PIECES[token]
+
+
+def test_stop_strings_across_steps_in_sampling_mode_with_multibyte_tokens() -> None:
+    """Rejection sampling, K = 3: a stop string whose tokens come from two different steps,
+    or whose character is split between two tokens, still ends the reply exactly before it,
+    never shows any of it, and does not change the sample before it."""
+    target = MultiByteLM(V, seed=11, scale=1.6)
+    draft = MultiByteLM(V, seed=23, base=target, noise=1.0)
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    params = SamplingParams(temperature=0.8)
+    stops = ["é", "a→", "→ b", "éa"]
+    across_steps = split_character = 0
+    for seed in range(60):
+        options = GenerationOptions(mode="rejection", max_tokens=40, draft_tokens=3, seed=seed, adaptive=False)
+        full_events = list(decoder.stream([2], params, options))
+        full = full_events[-1]
+        step_of = [e.step for e in full_events if isinstance(e, TokenEvent)]
+        for stop in stops:
+            if stop not in full.text:
+                continue
+            cut = full.text.index(stop)
+            events = list(decoder.stream([2], params, replace(options, stop=[stop])))
+            result = events[-1]
+            streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
+            assert result.stop_reason == "stop_string", (seed, stop)
+            assert result.text == streamed == full.text[:cut], (seed, stop)
+            assert result.token_ids == full.token_ids[: len(result.token_ids)]  # same sample up to the stop
+            # which tokens carried the stop string: their steps, and whether one split a character
+            ends = [len(complete_characters(b"".join(MultiByteLM.PIECES[t] for t in full.token_ids[: i + 1])))
+                    for i in range(len(full.token_ids))]  # fmt: skip
+            first = next(i for i, end in enumerate(ends) if end > cut)  # completes the stop's first character
+            last = next(i for i, end in enumerate(ends) if end >= cut + len(stop))
+            split = stop[0] == "é" and first > 0 and full.token_ids[first - 1] == 0  # its lead byte came before
+            first -= split
+            across_steps += step_of[first] != step_of[last]
+            split_character += split and step_of[first] != step_of[first + 1]
+    assert across_steps >= 5 and split_character >= 5, (across_steps, split_character)
 
 
 def complete_characters(data: bytes) -> str:

@@ -10,6 +10,7 @@ import pytest
 from localspec.chat import Message, build_messages
 from localspec.llama_backend import LlamaModel
 from localspec.model import common_prefix_length
+from localspec.modes import make_mode
 from localspec.sampling import SamplingParams
 from localspec.text import ReplyText
 
@@ -100,6 +101,33 @@ def test_rollback_leaves_exactly_the_committed_tokens(engines, demo_paths) -> No
         fresh.close()
     assert np.array_equal(after_speculation, reference)
     target.truncate(len(committed) - 1)
+
+
+def test_draft_rollback_leaves_no_stale_entries(engines, demo_paths) -> None:
+    """The draft evaluates its own proposals; after a rejection those entries must leave its KV cache.
+
+    A stale entry left at a reused position would be attended to on the next
+    step, so the draft's logits after a run with many rejections must equal a
+    fresh draft model's on the committed text, bit for bit.
+    """
+    engine = engines["q4_0"]
+    prompt = engine.encode_raw(RAW_PROMPTS[0]).tokens
+    result, steps = generate(engine, prompt, SamplingParams(temperature=0.8), mode="rejection", max_tokens=80, seed=3,
+                              draft_tokens=4, adaptive=False)  # fmt: skip
+    # rejected proposals the draft had evaluated itself (all but the last of each draft)
+    assert sum(max(0, len(s.drafted) - 1 - s.n_accepted) for s in steps) > 5, "expected evaluated drafts to roll back"
+    committed = prompt + result.token_ids
+    mode = make_mode("greedy", SamplingParams(temperature=0.0), np.random.default_rng(0), engine.drafter.vocab_size)
+    proposal = engine.drafter.propose(committed, 1, mode)  # catches up: drops stale drafts, evaluates the rest
+    draft = engine.drafter.model
+    assert list(draft.cached_tokens) == committed
+    assert draft.kv_positions() == (0, len(committed) - 1)
+    fresh = LlamaModel(demo_paths[2], engine.settings)
+    try:
+        reference = fresh.extend(committed, 1)[0]
+    finally:
+        fresh.close()
+    assert np.array_equal(proposal.logits[0], reference)
 
 
 def test_second_turn_evaluates_only_new_tokens(engines, demo_paths) -> None:

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import sys
-import time
 
 import pexpect
 import pytest
@@ -191,17 +190,13 @@ def test_slash_commands() -> None:
 def test_ctrl_c_stops_a_long_reply_and_the_chat_goes_on(tmp_path) -> None:
     child = spawn_chat("--max-tokens", "600", "--seed", "5", "--temperature", "0.7")
     child.sendline("Write a very long story about a dragon who learns to bake bread.")
-    child.expect(r"\x1b\[(32|31|94)m")  # tokens are streaming
-    time.sleep(1.0)
-    sent = time.monotonic()
+    child.expect(r"\x1b\[(32|31|94)m")  # the first token is on screen: Ctrl-C now
     child.sendintr()
-    child.expect_exact("stopped: the partial reply is kept", timeout=30)
-    stopped_after = time.monotonic() - sent
+    child.expect_exact("stopped: the partial reply is kept")
     child.expect(STATS)
     stats = child.match
     assert stats.group(6) == "cancelled"
-    assert 0 < int(stats.group(1)) < 600
-    assert stopped_after < 10, stopped_after
+    assert 0 < int(stats.group(1)) < 600  # (the one-step bound itself is exact in test_loop and the UI tests)
     child.expect_exact(PROMPT)
 
     _, stats2 = ask(child, "Give the dragon a name, in one word.")

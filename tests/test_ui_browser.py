@@ -93,34 +93,61 @@ def test_chat_streams_coloured_tokens_and_debugging_tab_explains_them(page):
     page.wait_for_selector("#ls-steps table", timeout=30_000)
     assert "current reply" in page.locator("#ls-summary").inner_text()
     assert page.locator("#ls-top table.ls-top tr").count() >= 10
-    page.wait_for_timeout(500)  # let the plots paint
+    page.wait_for_function(  # the three plots are painted
+        "(() => { const imgs = [...document.querySelectorAll('.matplotlib img')];"
+        " return imgs.length >= 3 && imgs.every(i => i.complete && i.naturalWidth > 0); })()",
+        timeout=30_000,
+    )
     page.screenshot(path=str(ARTIFACTS / "ui-debug.png"), full_page=True)
     assert page.outside == [], f"the page fetched from outside the local server: {page.outside[:5]}"
     assert (ARTIFACTS / "ui-chat.png").stat().st_size > 10_000
     assert (ARTIFACTS / "ui-debug.png").stat().st_size > 10_000
 
 
-def test_a_second_tab_sees_a_waiting_message_while_the_first_generates(page, ui_server):
+def test_a_second_tab_waits_and_its_stop_cancels_the_queued_request(page, ui_server):
+    """Two tabs, one engine: the second waits; its Stop cancels its queued request.
+
+    The first reply is target-only, greedy and 900 tokens long on a prompt the
+    demo target answers without an EOS — many seconds against the second tab's
+    sub-second clicks — and it ends only when its own Stop is pressed.
+    """
     url, _proc, _log = ui_server
     other = page.context.new_page()
     try:
         other.goto(url, wait_until="load")
         other.wait_for_selector("#ls-message textarea", timeout=60_000)
         page.get_by_role("tab", name="Chat").click()
-        # a reply long enough (~10 s) that the second tab surely asks while the first is generating
-        page.locator("#ls-max-tokens input").fill("400")
+        page.locator("#ls-mode input").click()
+        page.get_by_role("option", name="target-only").click()
+        page.locator("#ls-max-tokens input").fill("900")
         page.locator("#ls-max-tokens input").press("Tab")
         page.locator("#ls-message textarea").fill("Tell me about rivers.")
         page.locator("#ls-send").click()
         page.wait_for_selector("#ls-chat-log .ls-cursor", timeout=60_000)  # the first tab is streaming
+
         other.locator("#ls-message textarea").fill("Tell me about mountains.")
         other.locator("#ls-send").click()
         waiting = other.locator("#ls-waiting")
-        waiting.wait_for(timeout=10_000)
+        waiting.wait_for(timeout=60_000)
         assert "waiting for the other conversation" in waiting.inner_text()
         other.screenshot(path=str(ARTIFACTS / "ui-second-tab-waiting.png"))
+        other.locator("#ls-stop").click()  # Stop while the request waits in the queue
+
         page.locator("#ls-stop").click()  # the first reply ends within one step and the queue moves on
-        # once the first reply is done, the second tab gets its own coloured reply
+        page.wait_for_function("!document.querySelector('#ls-chat-log .ls-cursor')", timeout=60_000)
+        assert "stopped" in page.locator("#ls-chat-log .ls-assistant").last.inner_text()
+
+        # the second tab's request started, saw its Stop and gave the message back, unanswered
+        other.wait_for_function(
+            "document.querySelector('#ls-notice') && document.querySelector('#ls-notice').textContent"
+            ".includes('stopped before the reply began')",
+            timeout=60_000,
+        )
+        assert other.locator("#ls-message textarea").input_value() == "Tell me about mountains."
+        assert other.locator("#ls-chat-log .ls-assistant .ls-tok[data-status]").count() == 0
+        assert other.locator("#ls-waiting").count() == 0
+
+        other.locator("#ls-send").click()  # sent again, it is answered
         other.wait_for_function(
             "document.querySelectorAll('#ls-chat-log .ls-assistant .ls-tok[data-status]').length > 0"
             " && !document.querySelector('#ls-chat-log .ls-cursor') && !document.querySelector('#ls-waiting')",

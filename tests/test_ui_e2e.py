@@ -9,6 +9,7 @@ import time
 import psutil
 import pytest
 from gradio_client import Client
+from gradio_client.utils import Status
 
 pytestmark = pytest.mark.models
 
@@ -51,19 +52,32 @@ def test_ui_listens_on_loopback_only_and_prints_its_url(ui_server):
             assert ipaddress.ip_address(conn.raddr.ip).is_loopback, f"connection to {conn.raddr}"
 
 
+def wait_for(condition, what: str, guard_s: float = 120) -> None:
+    """Poll a condition the server will reach; the guard only turns a hang into a clear failure."""
+    give_up = time.monotonic() + guard_s
+    while not condition():
+        assert time.monotonic() < give_up, f"never saw {what}"
+        time.sleep(0.02)
+
+
 def test_a_second_conversation_queues_behind_the_first(ui_server):
+    """Ordered by events: the second request is sent once the first streams, and is seen
+    waiting in the queue while the first goes on streaming; it runs only when the first
+    is cancelled (what the Stop button does)."""
     url, proc, log = ui_server
     first, second = Client(url, verbose=False), Client(url, verbose=False)
-    job1 = chat(first, "Tell me about the moon.", seed=1, max_tokens=24)
-    time.sleep(0.3)
+    # target-only and greedy on a prompt the demo target answers for hundreds of tokens without an EOS
+    job1 = first.submit("Tell me about the moon.", "target-only", 0.0, 0, 1.0, 0.0, 4, 1, 900, "", False,
+                        api_name="/chat")  # fmt: skip
+    wait_for(lambda: len(job1.outputs()) > 0, "the first reply streaming")
     job2 = chat(second, "Tell me about the sun.", seed=2, max_tokens=24)
-    queued = False
-    while not job2.done():
-        status = job2.status()
-        if status.code.name == "IN_QUEUE" and not job1.done():
-            queued = True
-        time.sleep(0.05)
-    assert queued, "the second conversation should wait in the queue while the first generates"
-    for job in (job1, job2):
-        chat_html, _stats, notice = job.outputs()[-1]
-        assert notice == "" and STATUS.search(chat_html)
+    wait_for(lambda: job2.status().code == Status.IN_QUEUE, "the second request in the queue")
+    queued_at = len(job1.outputs())
+    wait_for(lambda: len(job1.outputs()) >= queued_at + 3, "the first reply streaming on after the second queued")
+    assert job2.outputs() == [] and job2.status().code == Status.IN_QUEUE, "the second must wait for the first"
+    job1.cancel()
+    wait_for(job2.done, "the second reply after the first was cancelled")
+    chat_html, _stats, notice = job2.outputs()[-1]
+    assert notice == "" and STATUS.search(chat_html)
+    first_reply = job1.outputs()[-1][0]
+    assert len(STATUS.findall(first_reply)) < 900, "the first reply was cut short by the cancel, not finished"

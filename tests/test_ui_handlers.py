@@ -108,25 +108,50 @@ def test_second_turn_reuses_plain_history(conversation):
     assert "ls-tok" not in prompt and "<span" not in prompt
 
 
-def test_stop_ends_the_reply_within_one_step(app):
+def test_stop_from_another_thread_ends_the_reply_within_one_step(app):
+    """Stop pressed (on another thread, as Gradio runs it) at the first streamed token.
+
+    ``respond`` is a generator, so while the test holds a streamed update the
+    loop is paused: what it has done so far is exactly what the run holds, and
+    the bounds are exact — at most the step in progress finishes.
+    """
+    k = 4
     state = ChatState()
-    stream = app.respond("Tell me a long story about a dragon.", state, settings(max_tokens=200), key="t3")
-    seen = 0
+    app.queue_message("Tell me a long story about a dragon.", state, key="t3")
+    stream = app.respond("Tell me a long story about a dragon.", state, settings(max_tokens=400, draft_tokens=k), key="t3")
     for _chat, *_ in stream:
         run = state.turns[-1].run if state.turns else None
-        if run is not None and len(run.tokens) >= 3:
-            seen = len(run.tokens)
-            app.stop("t3")
+        if run is not None and run.tokens:
+            steps_seen = len(run.steps)
+            emitted_seen = sum(len(step["emitted"]) for step in run.steps)
+            presser = threading.Thread(target=app.stop, args=("t3",))
+            presser.start()
+            presser.join()
             break
     rest = list(stream)
     run = state.turns[-1].run
     assert run.result["stop_reason"] == "cancelled"
-    assert len(run.tokens) <= seen + 2 * (4 + 1), "the loop must stop within one step of the request"
-    assert len(run.tokens) < 200
+    assert len(run.steps) <= steps_seen + 1, "only the step in progress may finish after Stop"
+    assert len(run.tokens) <= emitted_seen + k + 1
     assert "stopped" in rest[-1][0]
-    # the next reply is not cancelled by the old request
+    # the next message is a new request: the old Stop does not cancel it
+    app.queue_message("Hi", state, key="t3")
     list(app.respond("Hi", state, settings(max_tokens=6), key="t3"))
     assert state.turns[-1].run.result["stop_reason"] != "cancelled"
+
+
+def test_stop_pressed_while_the_request_is_queued(app):
+    """The request never starts; the conversation is unchanged and the message is back in the box."""
+    state = ChatState()
+    app.queue_message("Tell me about tea.", state, key="t12")  # sent: the request waits in the queue
+    app.stop("t12")  # Stop while it waits
+    chat_html, _stats, notice, state, textbox = list(app.respond("Tell me about tea.", state, settings(), key="t12"))[-1]
+    assert state.turns == [] and textbox == "Tell me about tea."
+    assert "stopped before the reply began" in notice and "Tell me about tea" not in chat_html
+    # sending it again works
+    app.queue_message("Tell me about tea.", state, key="t12")
+    list(app.respond("Tell me about tea.", state, settings(max_tokens=6), key="t12"))
+    assert len(state.turns) == 1 and state.turns[0].run.tokens
 
 
 def test_bad_settings_show_a_one_line_error_and_keep_the_message(app):
@@ -254,18 +279,6 @@ def test_clicking_a_token_selects_it_for_the_debugging_view(app, conversation):
     assert state.view is state.turns[0].run and state.selected == 2
     *_, selected, top = app.debug_outputs(state)
     assert selected == 2 and "token #3" in top
-
-
-def test_stop_from_another_thread_while_streaming(app):
-    """The Stop button runs on another worker thread than the streaming reply."""
-    state = ChatState()
-    timer = threading.Timer(0.5, app.stop, args=("t11",))
-    timer.start()
-    try:
-        list(app.respond("Tell me a long story about a castle.", state, settings(max_tokens=400), key="t11"))
-    finally:
-        timer.cancel()
-    assert state.turns[-1].run.result["stop_reason"] == "cancelled"
 
 
 def test_regenerate_resends_the_last_message_and_clear_empties(app, conversation):

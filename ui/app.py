@@ -65,8 +65,14 @@ class ChatApp:
         self._busy = threading.Event()
 
     # --- chat ------------------------------------------------------------
-    def queue_message(self, message: str, state: ChatState) -> tuple[str, str, str]:
-        """Show the user's message at once (and say so when another tab is generating)."""
+    def queue_message(self, message: str, state: ChatState, key: str = "default") -> tuple[str, str, str]:
+        """Show the user's message at once (and say so when another tab is generating).
+
+        Runs outside the queue when the user sends, so it is where a new request
+        begins: an older Stop is forgotten here, and a Stop pressed from now on —
+        even while the request still waits in the queue — cancels this one.
+        """
+        self.new_request(key)
         message = (message or "").strip()
         if not message:
             return "", render_conversation(state.turns), ""
@@ -80,8 +86,11 @@ class ChatApp:
         if not message:
             yield render_conversation(state.turns), self._stats(state), "", state, ""
             return
-        cancel = self._cancels.setdefault(key, threading.Event())
-        cancel.clear()
+        cancel = self._cancel_event(key)
+        if cancel.is_set():  # Stop was pressed while this request waited in the queue
+            notice = notice_html("stopped before the reply began — your message is back in the box", "info")
+            yield render_conversation(state.turns), self._stats(state), notice, state, message
+            return
         self._busy.set()
         try:
             turn = Turn(message)
@@ -108,11 +117,19 @@ class ChatApp:
             self._busy.clear()
 
     def stop(self, key: str = "default") -> None:
-        """Ask this tab's generation to stop; the loop ends within one step."""
-        self._cancels.setdefault(key, threading.Event()).set()
+        """Ask this tab's generation to stop (the loop ends within one step), or its queued one not to start."""
+        self._cancel_event(key).set()
 
-    def pop_for_regenerate(self, state: ChatState) -> tuple[str, ChatState, str]:
-        """Drop the last reply and return its user message to be sent again."""
+    def new_request(self, key: str = "default") -> None:
+        """This tab sent a new request: an older Stop is forgotten; one pressed from now on cancels it."""
+        self._cancel_event(key).clear()
+
+    def _cancel_event(self, key: str) -> threading.Event:
+        return self._cancels.setdefault(key, threading.Event())
+
+    def pop_for_regenerate(self, state: ChatState, key: str = "default") -> tuple[str, ChatState, str]:
+        """Drop the last reply and return its user message to be sent again (a new request, like a send)."""
+        self.new_request(key)
         if not state.turns:
             return "", state, render_conversation(state.turns)
         last = state.turns.pop()
@@ -265,7 +282,7 @@ def build(app: ChatApp, startup_notice: str = ""):
                     with gr.Column(scale=1, min_width=300):
                         stats = gr.HTML(stats_html(None), elem_id="ls-stats-box")
                         with gr.Accordion("Sampling & speculation", open=True):
-                            mode = gr.Dropdown(list(MODES), value=defaults.mode, label="mode",
+                            mode = gr.Dropdown(list(MODES), value=defaults.mode, label="mode", elem_id="ls-mode",
                                                info="rejection = exact default; invariant = same seed → same text with any draft")  # fmt: skip
                             temperature = gr.Slider(0, 2, value=defaults.temperature, step=0.05, label="temperature")
                             draft_tokens = gr.Slider(0, 16, value=defaults.draft_tokens, step=1, label="draft tokens K",
@@ -324,9 +341,15 @@ def build(app: ChatApp, startup_notice: str = ""):
         debug_targets = [summary, table, plot_pos, plot_run, plot_time, token_pick, top]
 
         respond_outputs = [chat, stats, notice, state, message]
+        def queue_message(msg, st, request: gr.Request):
+            return app.queue_message(msg, st, _key(request))
+
+        def pop_for_regenerate(st, request: gr.Request):
+            return app.pop_for_regenerate(st, _key(request))
+
         for trigger in (message.submit, send.click):
             (
-                trigger(app.queue_message, [message, state], [message, chat, pending], queue=False, show_progress="hidden")
+                trigger(queue_message, [message, state], [message, chat, pending], queue=False, show_progress="hidden")
                 .then(respond, [pending, state, *settings_inputs], respond_outputs, concurrency_limit=1,
                       concurrency_id="engine", show_progress="hidden", api_name=False)  # fmt: skip
                 .then(refresh, [state], debug_targets, show_progress="hidden", api_name=False)
@@ -335,7 +358,7 @@ def build(app: ChatApp, startup_notice: str = ""):
             app.stop(_key(request))
 
         stop.click(stop_reply, None, None, queue=False, api_name=False)
-        regenerate.click(app.pop_for_regenerate, [state], [pending, state, chat], queue=False, api_name=False).then(
+        regenerate.click(pop_for_regenerate, [state], [pending, state, chat], queue=False, api_name=False).then(
             respond, [pending, state, *settings_inputs], respond_outputs, concurrency_limit=1,
             concurrency_id="engine", show_progress="hidden", api_name=False,
         ).then(refresh, [state], debug_targets, show_progress="hidden", api_name=False)  # fmt: skip
@@ -366,6 +389,7 @@ def build(app: ChatApp, startup_notice: str = ""):
 
         def api_chat(msg, md, t, tk, tp, mp, k, sd, mx, sysp, ad, request: gr.Request):
             settings = Settings(md, t, tk, tp, mp, k, sd, mx, sysp, ad)
+            app.new_request(_key(request))
             for chat_html, stats_box, notice_box, _st, _msg in app.respond(msg, ChatState(), settings, _key(request)):
                 yield chat_html, stats_box, notice_box
 
@@ -392,7 +416,6 @@ def launch(config: Config) -> None:
     demo = build(app, startup_notice)
     demo.queue(default_concurrency_limit=4)
     host, port = config.ui.host, config.ui.port
-    print(f"localspec UI: http://{host}:{port}  (pair: {session.pair_name}; Ctrl-C to stop)", flush=True)
     theme = gr.themes.Soft(
         primary_hue="emerald",
         neutral_hue="slate",
@@ -414,6 +437,10 @@ def launch(config: Config) -> None:
             theme=theme,
             css=CSS,
             head=HEAD,
+            prevent_thread_lock=True,
         )
+        # printed once the server answers: scripts (and the tests) wait for this line, not for a clock
+        print(f"localspec UI: http://{host}:{port}  (pair: {session.pair_name}; Ctrl-C to stop)", flush=True)
+        demo.block_thread()
     finally:
         session.close()
