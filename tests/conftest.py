@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.catalog import user_models_dir
+from localspec.app.catalog import user_models_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = user_models_dir()
@@ -62,8 +62,8 @@ def _isolated_cache(tmp_path_factory, monkeypatch, test_config):
 
 def make_engine(target, draft, **overrides):
     """An engine on ``target`` + ``draft`` (a path, 'ngram' or 'none'), 1,024-token context unless overridden."""
-    from localspec.config import Config
-    from localspec.engine import Engine
+    from localspec.app.config import Config
+    from localspec.app.engine import Engine
 
     config = Config().with_overrides({"model.target": str(target), "model.draft": str(draft), "model.n_ctx": 1024,
                                       "model.threads": TEST_THREADS, **overrides})  # fmt: skip
@@ -72,7 +72,7 @@ def make_engine(target, draft, **overrides):
 
 def generate(engine, prompt_tokens, params, **options):
     """One request through the engine: (the result, its step events)."""
-    from localspec.events import StepEvent
+    from localspec.core.events import StepEvent
 
     events = list(engine.stream(prompt_tokens, engine.options(**options), params))
     return events[-1], [e for e in events if isinstance(e, StepEvent)]

@@ -10,14 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.adaptive import AdaptiveK
-from localspec.drafters import ModelDrafter
-from localspec.config import Config
-from localspec.errors import ConfigError
-from localspec.events import GenerationResult, StepEvent
-from localspec.generation import GenerationOptions, SpeculativeDecoder
-from localspec.perf import expected_tokens_per_step
-from localspec.sampling import SamplingParams, Weights, probabilities, sample_index, weights
+from localspec.app.config import Config
+from localspec.core.adaptive import AdaptiveK
+from localspec.core.drafters import ModelDrafter
+from localspec.core.errors import ConfigError
+from localspec.core.events import GenerationResult, StepEvent
+from localspec.core.loop import GenerationOptions, SpeculativeDecoder
+from localspec.core.perf import expected_tokens_per_step
+from localspec.core.sampling import SamplingParams, Weights, probabilities, sample_index, weights
 
 from .stats import chi_square
 from .toy import ToyLM, exact_joint, greedy_reference
@@ -152,7 +152,7 @@ class OutcomeDrivenK(AdaptiveK):
 
 
 def test_k_chosen_from_earlier_outcomes_keeps_the_output_exact(monkeypatch: pytest.MonkeyPatch) -> None:
-    import localspec.generation as generation
+    import localspec.core.loop as generation
 
     monkeypatch.setattr(generation, "AdaptiveK", OutcomeDrivenK)
     params = SamplingParams(temperature=0.8)
@@ -254,14 +254,12 @@ def test_weights_give_bit_identical_probabilities() -> None:
 
 def test_one_prediction_for_every_reply_from_its_steps_ks() -> None:
     """perf.predicted_speedup (UI; the bench uses its two halves) sums E[tokens] over each step's own k."""
-    from localspec.events import GenerationStats
-    from localspec.generation import _count_positions
-    from localspec.perf import expected_tokens, model_speedup, predicted_speedup, steps_by_k
+    from localspec.core.events import GenerationStats
+    from localspec.core.perf import expected_tokens, model_speedup, predicted_speedup, steps_by_k
 
     ks = [4, 4, 2, 7, 0, 4, 1, 7]
-    stats = GenerationStats(steps=len(ks), accepted=10, examined=14, draft_s=0.3, verify_s=0.5, other_s=0.02)
-    for k in ks:
-        _count_positions(stats, k, 0)
+    stats = GenerationStats.from_steps({"drafted": [0] * k} for k in ks)
+    stats.accepted, stats.examined, stats.draft_s, stats.verify_s, stats.other_s = 10, 14, 0.3, 0.5, 0.02
     assert steps_by_k(stats) == {k: ks.count(k) for k in set(ks)}
     by_hand = sum(expected_tokens_per_step(10 / 14, k) for k in ks)
     assert expected_tokens(stats) == pytest.approx(by_hand)
@@ -275,7 +273,7 @@ def test_a_short_reply_is_not_called_slow_but_a_long_slow_one_is() -> None:
     prior, so 0.42x over 19 tokens is 'too short to judge'; the same speed over 200 tokens is slow."""
     from types import SimpleNamespace
 
-    from localspec.events import GenerationStats
+    from localspec.core.events import GenerationStats
     from ui.render import stats_html
     from ui.session import speed_of
 

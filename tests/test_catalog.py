@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from localspec import catalog as cat
-from localspec.catalog import Catalog, FileSpec, PairSpec, ModelRef, Preparer, active_pair, resolve_pair
-from localspec.config import Config
-from localspec.errors import ConfigError, ModelError
+from localspec.app import catalog as cat
+from localspec.app.catalog import Catalog, FileSpec, ModelRef, PairSpec, Preparer, active_pair, resolve_pair
+from localspec.app.config import Config
+from localspec.core.errors import ConfigError, ModelError
 
 PARTS = [bytes([i]) * (300_000 + 1000 * i) for i in range(3)]
 WHOLE = b"".join(PARTS)

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from localspec.trace import read_trace
+from localspec.app.trace import Trace
 
 from .conftest import DRAFT, GEMMA, ROOT, TARGET, WEAK_DRAFT, require, run_cli
 
@@ -78,7 +78,7 @@ def test_trace_file_is_written_and_readable(tmp_path) -> None:
     path = tmp_path / "t.jsonl"
     result = run_cli("generate", "Count to five.", "--max-tokens", "20", "--seed", "1", "--trace", str(path))
     assert result.returncode == 0, result.stderr
-    trace = read_trace(path)
+    trace = Trace.load(path)
     assert trace.header["target"] == TARGET.name and trace.header["prompt_tokens"]
     assert trace.steps and trace.tokens and trace.result
     assert len(trace.tokens) == len(trace.result["token_ids"])
@@ -150,7 +150,7 @@ def test_bad_temperature() -> None:
 # ---------------------------------------------------------------------------
 def cpu_build_precondition() -> None:
     """The doctor tests pin CPU facts (the backend line, flash attention's effect past position 256)."""
-    from localspec.llama_backend import gpu_offload_supported
+    from localspec.llama.runtime import gpu_offload_supported
 
     assert not gpu_offload_supported(), "precondition: a CPU-only build of llama-cpp-python (these tests measure CPU kernels)"
 
@@ -202,7 +202,7 @@ def test_greedy_on_a_non_invariant_target_reloads_it_and_says_so(tmp_path) -> No
 # model preparation
 # ---------------------------------------------------------------------------
 def test_models_prepare_is_a_no_op_and_rebuilds_a_corrupted_file(tmp_path) -> None:
-    from localspec.catalog import Catalog, Preparer
+    from localspec.app.catalog import Catalog, Preparer
 
     catalog = Catalog.load()
     catalog.models_dir = tmp_path
@@ -240,3 +240,45 @@ def test_models_list_shows_presence_and_the_active_pair() -> None:
 def test_unknown_pair_is_one_line_naming_the_pairs() -> None:
     line = one_error_line(run_cli("generate", "hi", "--pair", "qwen-typo"))
     assert "no pair named 'qwen-typo'" in line and "qwen2.5-coder-1.5b" in line and "demo" in line
+
+
+# --- found by a reliability probe of the front ends ---------------------------
+def test_prompt_that_is_not_utf8_is_read_with_replacement_characters() -> None:
+    """Bytes that are not UTF-8, on standard input or in an argument, never end in a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "localspec", "generate", "-", "--max-tokens", "4", "--json"]
+    piped = subprocess.run(command, cwd=ROOT, input=b"Hello \xff there", capture_output=True, timeout=300,
+                           env=os.environ.copy())  # fmt: skip
+    assert piped.returncode == 0 and b"Traceback" not in piped.stderr, piped.stderr.decode(errors="replace")
+    argument = run_cli("generate", "Hi \udcff", "--max-tokens", "4", "--json")  # the byte 0xff, as argv carries it
+    assert argument.returncode == 0 and "Traceback" not in argument.stderr, argument.stderr
+    for result in (piped.stdout.decode(), argument.stdout):
+        assert json.loads(result)["token_ids"]  # it answered
+
+
+def test_a_full_context_is_said_on_stderr() -> None:
+    result = run_cli("generate", "1, 2, 3, 4, 5,", "--raw", "--temperature", "0", "--ctx", "64", "--max-tokens", "500")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"note: the context \(\d+ tokens\) is full", result.stderr), result.stderr
+    assert "stop: context_full" in result.stderr
+
+
+def test_an_empty_stop_string_is_refused() -> None:
+    line = one_error_line(run_cli("generate", "Hi", "--stop", ""))
+    assert "--stop ''" in line and "empty" in line
+
+
+def test_a_draft_larger_than_its_target_is_warned_about() -> None:
+    result = run_cli("generate", "Hi", "--max-tokens", "2", "--target", str(DRAFT), "--draft", str(TARGET))
+    assert result.returncode == 0, result.stderr
+    assert "warning: the draft" in result.stderr and "is not smaller than the target" in result.stderr
+    normal = run_cli("generate", "Hi", "--max-tokens", "2", "--target", str(TARGET), "--draft", str(DRAFT))
+    assert "warning" not in normal.stderr
+
+
+def test_trace_into_a_missing_folder_is_refused_before_generating(tmp_path) -> None:
+    line = one_error_line(run_cli("generate", "Hi", "--trace", str(tmp_path / "nope" / "t.jsonl")))
+    assert "does not exist" in line and not (tmp_path / "nope").exists()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.doctor import PROBE_SIZES, diagnose, measure_batch_invariance, probe_tokens
+from localspec.app.invariance import PROBE_SIZES, diagnose, measure_batch_invariance, probe_tokens
 
 from .toy import ToyLM
 

@@ -22,12 +22,12 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from localspec.drafters import ModelDrafter, NgramDrafter
-from localspec.events import GenerationResult, StepEvent
-from localspec.generation import GenerationOptions, SpeculativeDecoder
-from localspec.modes import InvariantMode, RejectionMode
-from localspec.sampling import SamplingParams, probabilities, sample_index
-from localspec.verify import DraftCheck, Verdict
+from localspec.core.drafters import ModelDrafter, NgramDrafter
+from localspec.core.events import GenerationResult, StepEvent
+from localspec.core.loop import GenerationOptions, SpeculativeDecoder
+from localspec.core.modes import InvariantMode, RejectionMode
+from localspec.core.sampling import SamplingParams, probabilities, sample_index
+from localspec.core.verify import DraftCheck, Verdict
 
 from .stats import (
     ChiSquare,
@@ -327,7 +327,7 @@ def test_negative_control_is_detected(name: str, monkeypatch: pytest.MonkeyPatch
     else:
         reference, draft = _models()
         decoder = SpeculativeDecoder(reference, reference, ModelDrafter(draft))
-        import localspec.generation as generation
+        import localspec.core.loop as generation
 
         monkeypatch.setattr(generation, "make_mode", lambda n, p, rng, v, seed=0, request_key=0: broken(p, rng, v))
     joint, accepted = sample(decoder, params, "rejection", prompt=prompt)
@@ -385,7 +385,7 @@ def test_invariant_negative_control_is_detected(name: str, monkeypatch: pytest.M
     params = SamplingParams(temperature=T)
     target, draft = _models()
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
-    import localspec.generation as generation
+    import localspec.core.loop as generation
 
     monkeypatch.setattr(generation, "make_mode", lambda n, p, rng, v, seed=0, request_key=0: broken(p, rng, v, seed, request_key))
     joint, accepted = sample(decoder, params, "invariant")

@@ -10,13 +10,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from localspec.drafters import ModelDrafter, NgramDrafter
-from localspec.errors import ConfigError, PromptTooLongError
-from localspec.events import GenerationResult, StepEvent, TokenEvent, TokenStatus
-from localspec.generation import GenerationOptions, SpeculativeDecoder
-from localspec.modes import RejectionMode
-from localspec.sampling import SamplingParams
-from localspec.text import ReplyText
+from localspec.core.drafters import ModelDrafter, NgramDrafter
+from localspec.core.errors import ConfigError, PromptTooLongError
+from localspec.core.events import GenerationResult, GenerationStats, StepEvent, TokenEvent, TokenStatus
+from localspec.core.loop import GenerationOptions, SpeculativeDecoder
+from localspec.core.modes import RejectionMode
+from localspec.core.sampling import SamplingParams
+from localspec.core.text import ReplyText
 
 from .toy import ToyLM, greedy_reference
 
@@ -189,6 +189,34 @@ def test_drafts_accepted_past_an_end_of_generation_are_not_counted() -> None:
     assert result.stop_reason == "eos" and result.stats.n_tokens == 1
     assert result.stats.accepted == 2 and result.stats.drafted == 4
     assert result.stats.accepted_by_position[:4] == [1, 1, 0, 0]
+
+
+def test_stats_rebuilt_from_the_steps_equal_the_loops_own() -> None:
+    """A trace's steps give back the reply's counters exactly (the UI and saved traces rebuild them so),
+    including replies that end at an EOS inside accepted drafts or at a stop string."""
+    plain = ToyLM(V, seed=11, scale=1.6)
+    eos = greedy_reference(plain, [2], 6)[1]
+    decoders = []
+    for target in (ToyLM(V, seed=11, scale=1.6, eos=eos), plain):
+        decoders.append(SpeculativeDecoder(target, target, ModelDrafter(ToyLM(V, seed=23, base=target, noise=0.6))))
+    endings = set()
+    for seed in range(60):
+        decoder = decoders[seed % 2]
+        options = GenerationOptions(mode=("rejection", "greedy", "invariant", "target-only")[seed % 4], max_tokens=30,
+                                    draft_tokens=1 + seed % 5, seed=seed, adaptive=seed % 3 == 0,
+                                    stop=["cb"] if seed % 3 == 1 else ())  # fmt: skip
+        events = list(decoder.stream([2, 3], SamplingParams(temperature=0.0 if seed % 4 == 1 else 0.8), options))
+        result = events[-1]
+        own = result.stats
+        rebuilt = GenerationStats.from_steps([e.to_dict() for e in events if isinstance(e, StepEvent)],
+                                             mode=own.mode, drafter=own.drafter, seed=own.seed, k=own.k,
+                                             n_prompt=own.n_prompt, n_prompt_evaluated=own.n_prompt_evaluated,
+                                             prefill_s=own.prefill_s, wall_s=own.wall_s)  # fmt: skip
+        assert rebuilt == own, seed
+        if result.stop_reason != "stop_string":  # (the tokens of a stop string were generated but are not shown)
+            assert own.n_tokens == len(result.token_ids)
+        endings.add(result.stop_reason)
+    assert {"eos", "max_tokens", "stop_string"} <= endings
 
 
 def test_max_tokens_is_exact_and_limits_the_draft() -> None:

@@ -7,12 +7,12 @@ import codecs
 import numpy as np
 import pytest
 
-from localspec.chat import Message, build_messages
-from localspec.llama_backend import LlamaModel
-from localspec.model import common_prefix_length
-from localspec.modes import make_mode
-from localspec.sampling import SamplingParams
-from localspec.text import ReplyText
+from localspec.app.templates import Message, build_messages
+from localspec.core.model import common_prefix_length
+from localspec.core.modes import make_mode
+from localspec.core.sampling import SamplingParams
+from localspec.core.text import ReplyText
+from localspec.llama.model import LlamaModel
 
 from .conftest import generate, make_engine
 
@@ -195,11 +195,11 @@ def test_utf8_characters_spanning_tokens_are_never_broken(engines) -> None:
 def test_weight_placement_keeps_amx_tiles_out_of_every_batch(engines, monkeypatch) -> None:
     """On an AMX build the draft keeps the fast AMX buffer but never decodes two rows at once (tiles
     SIGILL on VMs like this one); the target, which needs batches, never gets the AMX buffer."""
-    from localspec import llama_backend as backend
+    from localspec.llama import placement
 
     engine = engines["q4_1"]
     target, draft = engine.target, engine.draft_model
-    if "AMX_INT8 = 1" in backend.system_info():
+    if "AMX_INT8 = 1" in placement.system_info():
         assert "AMX" in draft.weight_buffers and draft.rows_per_decode == 1
         assert "AMX" not in target.weight_buffers and target.rows_per_decode > 1
     else:
@@ -215,14 +215,15 @@ def test_weight_placement_keeps_amx_tiles_out_of_every_batch(engines, monkeypatc
 
     for value, extra, one_row in (("1", True, False), ("0", False, False)):
         monkeypatch.setenv("LOCALSPEC_EXTRA_BUFFERS", value)
-        placement = backend.weight_placement("draft")
-        assert (placement.extra_buffers, placement.one_row_per_decode) == (extra, one_row)
+        chosen = placement.weight_placement("draft")
+        assert (chosen.extra_buffers, chosen.one_row_per_decode) == (extra, one_row)
     monkeypatch.delenv("LOCALSPEC_EXTRA_BUFFERS")
-    monkeypatch.setattr(backend, "system_info", lambda: "CPU : AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1")
-    assert backend.weight_placement("draft") == backend.WeightPlacement(True, True, backend.weight_placement("draft").reason)
-    assert not backend.weight_placement("target").extra_buffers
-    monkeypatch.setattr(backend, "system_info", lambda: "CPU : AVX2 = 1 | REPACK = 1")
-    assert backend.weight_placement("target").extra_buffers and not backend.weight_placement("draft").one_row_per_decode
+    monkeypatch.setattr(placement, "system_info", lambda: "CPU : AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1")
+    draft_placement = placement.weight_placement("draft")
+    assert draft_placement == placement.WeightPlacement(True, True, draft_placement.reason)
+    assert not placement.weight_placement("target").extra_buffers
+    monkeypatch.setattr(placement, "system_info", lambda: "CPU : AVX2 = 1 | REPACK = 1")
+    assert placement.weight_placement("target").extra_buffers and not placement.weight_placement("draft").one_row_per_decode
 
 
 def test_every_load_and_decode_runs_on_one_thread_whoever_calls(demo_paths, monkeypatch) -> None:
@@ -231,7 +232,7 @@ def test_every_load_and_decode_runs_on_one_thread_whoever_calls(demo_paths, monk
     and decoded from others (the UI: Gradio's worker threads) must still compute on a single one."""
     import threading
 
-    from localspec import llama_backend as backend
+    from localspec.llama.runtime import C
 
     callers: dict[str, set[int]] = {"load": set(), "context": set(), "decode": set()}
 
@@ -242,9 +243,9 @@ def test_every_load_and_decode_runs_on_one_thread_whoever_calls(demo_paths, monk
 
         return call
 
-    monkeypatch.setattr(backend.C, "llama_model_load_from_file", recorded("load", backend.C.llama_model_load_from_file))
-    monkeypatch.setattr(backend.C, "llama_init_from_model", recorded("context", backend.C.llama_init_from_model))
-    monkeypatch.setattr(backend.C, "llama_decode", recorded("decode", backend.C.llama_decode))
+    monkeypatch.setattr(C, "llama_model_load_from_file", recorded("load", C.llama_model_load_from_file))
+    monkeypatch.setattr(C, "llama_init_from_model", recorded("context", C.llama_init_from_model))
+    monkeypatch.setattr(C, "llama_decode", recorded("decode", C.llama_decode))
     model = LlamaModel(demo_paths[1], role="draft")  # loaded here, on the test's thread
     try:
         logits = {"here": model.extend([1, 2, 3], 1)}

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.errors import SamplingError
-from localspec.noise import gumbel, gumbel_max_sample, stream_key, uniforms
+from localspec.core.errors import SamplingError
+from localspec.core.noise import gumbel, gumbel_max_sample, stream_key, uniforms
 
 from .stats import chi_square
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.chat import Message, build_messages
-from localspec.engine import Engine
-from localspec.model import common_prefix_length
-from localspec.sampling import SamplingParams
+from localspec.app.engine import Engine
+from localspec.app.templates import Message, build_messages
+from localspec.core.model import common_prefix_length
+from localspec.core.sampling import SamplingParams
 
 from .conftest import REAL_PAIR, generate, make_engine, run_cli
 

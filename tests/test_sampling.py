@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localspec.errors import ConfigError, SamplingError
-from localspec.sampling import (
+from localspec.core.errors import ConfigError, SamplingError
+from localspec.core.sampling import (
     SamplingParams,
     apply_penalties,
     greedy_token,
@@ -22,11 +22,10 @@ from localspec.sampling import (
     probabilities,
     sample_index,
 )
-from localspec.verify import (
+from localspec.core.verify import (
     acceptance_rate,
-    verify_coupled,
-    verify_greedy,
     verify_onehot,
+    verify_picks,
     verify_rejection,
     verify_token_match,
 )
@@ -47,7 +46,7 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """
     from unittest import mock
 
-    import localspec.verify as verify
+    import localspec.core.verify as verify
 
     captured: list[np.ndarray] = []
 
@@ -165,10 +164,10 @@ def test_verdict_details_are_complete() -> None:
 
 
 def test_greedy_and_coupled_rules() -> None:
-    assert verify_greedy([3, 4, 5], [3, 4, 9, 1]).n_accepted == 2
-    v = verify_greedy([3, 4], [3, 4, 7])
+    assert verify_picks([3, 4, 5], [3, 4, 9, 1]).n_accepted == 2
+    v = verify_picks([3, 4], [3, 4, 7])
     assert v.bonus and v.token == 7
-    v = verify_coupled([1, 2], [1, 5, 0])
+    v = verify_picks([1, 2], [1, 5, 0])
     assert v.n_accepted == 1 and v.token == 5 and not v.bonus
 
 

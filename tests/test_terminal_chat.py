@@ -16,9 +16,9 @@ import sys
 import pexpect
 import pytest
 
-from localspec.events import TokenStatus
-from localspec.term_render import TokenStyle
-from localspec.trace import read_trace
+from localspec.app.trace import Trace
+from localspec.cli.term_render import TokenStyle
+from localspec.core.events import TokenStatus
 
 from .conftest import DRAFT, ROOT, TARGET, require, run_cli
 
@@ -120,7 +120,7 @@ def test_two_turns_colours_kv_reuse_and_save(tmp_path) -> None:
     command(child, f"/save {saved}", r"saved \d+ turn")
     quit_cleanly(child)
 
-    trace = read_trace(saved)
+    trace = Trace.load(saved)
     conversation = trace.header["conversation"]
     assert [m["role"] for m in conversation] == ["user", "assistant", "user", "assistant"]
     assert conversation[2]["content"] == "And the capital of Italy?"
@@ -176,6 +176,9 @@ def test_slash_commands() -> None:
     rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+\d+%", screen_text(table), re.M)
     assert [r[0] for r in rows] == ["1", "2"], table
 
+    missing = ROOT / "no-such-folder-for-save"
+    command(child, f"/save {missing}/chat.jsonl", r"error: .*does not exist")
+    assert not missing.exists()  # a typo in a folder name creates nothing
     command(child, "/reset", r"conversation cleared")
     _, after_reset = ask(child, "Hi!")
     assert after_reset.group(4) == first.group(4)  # the prompt is the first turn's again: history forgotten
@@ -208,7 +211,7 @@ def test_ctrl_c_stops_a_long_reply_and_the_chat_goes_on(tmp_path) -> None:
     child.close()
     assert child.exitstatus == 0
 
-    conversation = read_trace(saved).header["conversation"]
+    conversation = Trace.load(saved).header["conversation"]
     assert len(conversation) == 4
     partial = conversation[1]["content"]
     assert partial.strip(), "the partial reply is kept in the conversation"

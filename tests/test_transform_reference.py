@@ -16,7 +16,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from localspec.sampling import SamplingParams, probabilities
+from localspec.core.sampling import SamplingParams, probabilities
 
 
 def reference(logits: list[float], params: SamplingParams, history: list[int] = ()) -> list[float]:

@@ -107,8 +107,8 @@ def test_chat_streams_coloured_tokens_and_debugging_tab_explains_them(page):
 def test_a_second_tab_waits_and_its_stop_cancels_the_queued_request(page, ui_server):
     """Two tabs, one engine: the second waits; its Stop cancels its queued request.
 
-    The first reply is target-only, greedy and 900 tokens long on a prompt the
-    demo target answers without an EOS — many seconds against the second tab's
+    The first reply is target-only, greedy (T = 0) and 900 tokens long on a prompt
+    the demo target answers without an EOS — many seconds against the second tab's
     sub-second clicks — and it ends only when its own Stop is pressed.
     """
     url, _proc, _log = ui_server
@@ -119,6 +119,8 @@ def test_a_second_tab_waits_and_its_stop_cancels_the_queued_request(page, ui_ser
         page.get_by_role("tab", name="Chat").click()
         page.locator("#ls-mode input").click()
         page.get_by_role("option", name="target-only").click()
+        page.locator("#ls-temperature input[type=number]").fill("0")  # greedy: this prompt runs on, no EOS
+        page.locator("#ls-temperature input[type=number]").press("Tab")
         page.locator("#ls-max-tokens input").fill("900")
         page.locator("#ls-max-tokens input").press("Tab")
         page.locator("#ls-message textarea").fill("Tell me about rivers.")
@@ -133,9 +135,21 @@ def test_a_second_tab_waits_and_its_stop_cancels_the_queued_request(page, ui_ser
         other.screenshot(path=str(ARTIFACTS / "ui-second-tab-waiting.png"))
         other.locator("#ls-stop").click()  # Stop while the request waits in the queue
 
+        # the first reply grows longer than the chat box (an event, not a clock) before it is stopped
+        page.wait_for_function(
+            "(() => { const log = document.getElementById('ls-chat-log');"
+            " return log && log.scrollHeight > log.clientHeight + 50; })()",
+            timeout=120_000,
+        )
         page.locator("#ls-stop").click()  # the first reply ends within one step and the queue moves on
         page.wait_for_function("!document.querySelector('#ls-chat-log .ls-cursor')", timeout=60_000)
         assert "stopped" in page.locator("#ls-chat-log .ls-assistant").last.inner_text()
+        # the chat followed the reply down: the newest text is in view, not the oldest
+        at_bottom = page.evaluate(
+            "(() => { const log = document.getElementById('ls-chat-log');"
+            " return log.scrollTop + log.clientHeight >= log.scrollHeight - 5; })()"
+        )
+        assert at_bottom, "the chat log must scroll with a reply longer than it"
 
         # the second tab's request started, saw its Stop and gave the message back, unanswered
         other.wait_for_function(

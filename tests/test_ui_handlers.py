@@ -13,16 +13,18 @@ import json
 import re
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from localspec.config import Config, load_config
-from localspec.doctor import InvarianceReport
-from localspec.trace import read_trace
+from localspec.app.config import Config, load_config
+from localspec.app.conversation import Conversation
+from localspec.app.invariance import InvarianceReport
+from localspec.app.trace import Trace
 from tests.conftest import GEMMA, TEST_THREADS, require, run_cli
 from ui.app import ChatApp, ChatState
 from ui.debug_view import STEP_COLUMNS
-from ui.session import Run, Session, Settings
+from ui.session import Session, Settings
 
 pytestmark = pytest.mark.models
 
@@ -67,7 +69,7 @@ def test_streaming_reply_colours_every_token_with_its_fate(conversation):
     assert len(outputs) >= 2, "the reply should stream in several updates"
     final_html, stats_html, notice, _state, textbox = outputs[-1]
     assert notice == "" and textbox == ""
-    run = state.turns[0].run
+    run = state.turns[0].trace
     assert run.result is not None and run.result["stop_reason"] in ("max_tokens", "eos")
     found = spans(final_html)
     # streaming: an intermediate update already had coloured spans, but fewer than at the end
@@ -91,8 +93,8 @@ def test_streaming_reply_colours_every_token_with_its_fate(conversation):
     # the user's text is escaped, never interpreted
     assert "Name three &lt;b&gt;colours&lt;/b&gt;." in final_html and "<b>colours</b>" not in final_html
     # the next prompt is built from plain text only
-    assert state.history()[0] == ("Name three <b>colours</b>.", run.text)
-    assert "<span" not in state.history()[0][1]
+    assert state.conversation.history()[0] == ("Name three <b>colours</b>.", run.text)
+    assert "<span" not in state.conversation.history()[0][1]
     # the stats panel reports the reply
     assert 'data-stat="tps"' in stats_html and "acceptance" in stats_html
     assert re.search(r'data-stat="acc"><div class="ls-card-v">\d+%', stats_html)
@@ -103,8 +105,8 @@ def test_streaming_reply_colours_every_token_with_its_fate(conversation):
 def test_second_turn_reuses_plain_history(conversation):
     _outputs, state = conversation
     assert len(state.turns) == 2
-    prompt = state.turns[1].run.header["prompt_text"]
-    assert "Name three <b>colours</b>." in prompt and state.turns[0].run.text in prompt
+    prompt = state.turns[1].trace.header["prompt_text"]
+    assert "Name three <b>colours</b>." in prompt and state.turns[0].trace.text in prompt
     assert "ls-tok" not in prompt and "<span" not in prompt
 
 
@@ -120,7 +122,7 @@ def test_stop_from_another_thread_ends_the_reply_within_one_step(app):
     app.queue_message("Tell me a long story about a dragon.", state, key="t3")
     stream = app.respond("Tell me a long story about a dragon.", state, settings(max_tokens=400, draft_tokens=k), key="t3")
     for _chat, *_ in stream:
-        run = state.turns[-1].run if state.turns else None
+        run = state.turns[-1].trace if state.turns else None
         if run is not None and run.tokens:
             steps_seen = len(run.steps)
             emitted_seen = sum(len(step["emitted"]) for step in run.steps)
@@ -129,7 +131,7 @@ def test_stop_from_another_thread_ends_the_reply_within_one_step(app):
             presser.join()
             break
     rest = list(stream)
-    run = state.turns[-1].run
+    run = state.turns[-1].trace
     assert run.result["stop_reason"] == "cancelled"
     assert len(run.steps) <= steps_seen + 1, "only the step in progress may finish after Stop"
     assert len(run.tokens) <= emitted_seen + k + 1
@@ -137,7 +139,7 @@ def test_stop_from_another_thread_ends_the_reply_within_one_step(app):
     # the next message is a new request: the old Stop does not cancel it
     app.queue_message("Hi", state, key="t3")
     list(app.respond("Hi", state, settings(max_tokens=6), key="t3"))
-    assert state.turns[-1].run.result["stop_reason"] != "cancelled"
+    assert state.turns[-1].trace.result["stop_reason"] != "cancelled"
 
 
 def test_stop_pressed_while_the_request_is_queued(app):
@@ -151,7 +153,7 @@ def test_stop_pressed_while_the_request_is_queued(app):
     # sending it again works
     app.queue_message("Tell me about tea.", state, key="t12")
     list(app.respond("Tell me about tea.", state, settings(max_tokens=6), key="t12"))
-    assert len(state.turns) == 1 and state.turns[0].run.tokens
+    assert len(state.turns) == 1 and state.turns[0].trace.tokens
 
 
 def test_bad_settings_show_a_one_line_error_and_keep_the_message(app):
@@ -191,10 +193,10 @@ def test_incompatible_pair_shows_error_and_the_app_stays_usable(app, demo_paths)
 
 
 def test_trace_save_and_load_round_trip(app, conversation, tmp_path):
-    state = ChatState(turns=conversation[1].turns[:1], view=conversation[1].turns[0].run)
+    state = ChatState(Conversation(turns=list(conversation[1].turns[:1])), view=conversation[1].turns[0].trace)
     live = state.view
     path = live.save(tmp_path / "ui.jsonl")
-    trace = read_trace(path)  # the CLI's reader accepts it
+    trace = Trace.load(path)  # the CLI's reader accepts it
     assert trace.header["prompt_tokens"] == live.header["prompt_tokens"]
     assert trace.result["text"] == live.text and len(trace.tokens) == len(live.tokens)
     assert set(json.loads(path.read_text().splitlines()[0])) >= {"kind", "version", "target", "draft", "config",
@@ -261,7 +263,7 @@ def test_replay_marks_the_first_difference(app, monkeypatch):
     state = ChatState()
     list(app.respond("Name a fruit.", state, settings(mode="invariant", seed=9, max_tokens=12), key="t9"))
     run = state.view
-    tampered = Run(header=run.header, events=[dict(e) for e in run.events])
+    tampered = Trace(header=run.header, events=[dict(e) for e in run.events])
     tokens = tampered.tokens
     tokens[3]["token_id"] = tokens[3]["token_id"] + 1
     tokens[3]["text"] = "XYZ"
@@ -274,17 +276,68 @@ def test_replay_marks_the_first_difference(app, monkeypatch):
 
 
 def test_clicking_a_token_selects_it_for_the_debugging_view(app, conversation):
-    state = ChatState(turns=list(conversation[1].turns), view=conversation[1].turns[1].run)
+    state = ChatState(Conversation(turns=list(conversation[1].turns)), view=conversation[1].turns[1].trace)
     state = app.pick_from_chat("0:2:123", state)
-    assert state.view is state.turns[0].run and state.selected == 2
+    assert state.view is state.turns[0].trace and state.selected == 2
     *_, selected, top = app.debug_outputs(state)
     assert selected == 2 and "token #3" in top
 
 
 def test_regenerate_resends_the_last_message_and_clear_empties(app, conversation):
-    state = ChatState(turns=list(conversation[1].turns))
+    state = ChatState(Conversation(turns=list(conversation[1].turns)))
     message, state, chat_html = app.pop_for_regenerate(state)
     assert message == "Now say goodbye." and len(state.turns) == 1
-    assert "Now say goodbye." in chat_html and len(spans(chat_html)) == len([t for t in state.turns[0].run.tokens if t["text"]])
+    assert "Now say goodbye." in chat_html and len(spans(chat_html)) == len([t for t in state.turns[0].trace.tokens if t["text"]])
     new_state, chat_html, stats_html, notice = app.clear()
     assert new_state.turns == [] and "Ask anything" in chat_html and notice == ""
+
+
+# --- found by a reliability probe of the front ends ---------------------------
+def test_a_long_conversation_leaves_old_turns_out_instead_of_failing(demo_paths):
+    """`localspec ui --ctx 512`: long messages, one after another, keep getting answers (as in the terminal)."""
+    target, draft, _ = demo_paths
+    config = load_config().with_overrides({"model.target": str(target), "model.draft": str(draft),
+                                           "model.n_ctx": 512, "model.threads": TEST_THREADS})  # fmt: skip
+    session = Session(config)
+    try:
+        chat_app, state = ChatApp(session), ChatState()
+        notices = []
+        for tag in "abcd":
+            message = f"Note {tag}: " + " ".join(f"{tag}{i}" for i in range(60))
+            *_, (_html, _stats, notice, state, textbox) = chat_app.respond(message, state, settings(max_tokens=16), key="long")
+            assert "ls-notice-error" not in notice and textbox == "", notice
+            assert state.turns[-1].trace.result is not None
+            notices.append(notice)
+        assert any("left out of the prompt" in n for n in notices), notices
+        assert len(state.turns) == 4 and state.conversation.dropped > 0
+    finally:
+        session.close()
+
+
+def test_started_from_another_folder_paths_resolve_the_same(app, conversation, tmp_path, monkeypatch):
+    """`cd $HOME && localspec ui`: the pair pickers offer paths that load, and saved traces are servable."""
+    from ui.app import allowed_paths, model_choices
+
+    monkeypatch.chdir(tmp_path)
+    config = app.session.config
+    targets, drafts = model_choices(config)
+    assert all(Path(p).is_absolute() for p in targets + drafts if p not in ("ngram", "none"))
+    notice, _badge = app.load_pair(targets[0], drafts[0])
+    assert "ls-notice-ok" in notice, notice
+    state = ChatState(Conversation(turns=list(conversation[1].turns[:1])), view=conversation[1].turns[0].trace)
+    path, notice = app.save_trace(state)
+    assert "ls-notice-ok" in notice
+    assert any(Path(path).resolve().is_relative_to(Path(folder).resolve()) for folder in allowed_paths(config))
+
+
+def test_the_verdict_quotes_the_panels_acceptance():
+    """One number, one definition: the panel's acceptance (accepted / drafted) is the one the verdict quotes."""
+    from localspec.core.events import GenerationStats
+    from ui.render import stats_html
+    from ui.session import speed_of
+
+    # 97 of 100 drafts accepted, but the rule examined 110 (the rejected ones): alpha would say 88%
+    stats = GenerationStats(n_tokens=300, steps=100, drafted=100, accepted=97, examined=110, draft_s=4.0, verify_s=6.0)
+    speed = speed_of(type("Reply", (), {"stats": lambda self: stats})(), 0.01)
+    assert "97% of its tokens are accepted" in speed.verdict
+    assert 'data-stat="acc"><div class="ls-card-v">97%' in stats_html(speed)

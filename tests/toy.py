@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec.sampling import SamplingParams, probabilities
+from localspec.core.sampling import SamplingParams, probabilities
 
 
 class ToyLM:

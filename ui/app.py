@@ -17,7 +17,6 @@ import os
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # before gradio is imported: no telemetry, no version check
 
-import gradio as gr  # noqa: E402  (handlers' gr.Request annotations are resolved from module globals)
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -25,35 +24,33 @@ from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Iterator  # noqa: E402
 
-from localspec.catalog import user_models_dir  # noqa: E402
-from localspec.config import PROJECT_ROOT, Config  # noqa: E402
-from localspec.errors import LocalspecError  # noqa: E402
-from localspec.modes import MODES  # noqa: E402
+import gradio as gr  # noqa: E402  (handlers' gr.Request annotations are resolved from module globals)
+
+from localspec.app.catalog import user_models_dir  # noqa: E402
+from localspec.app.config import PROJECT_ROOT, Config  # noqa: E402
+from localspec.app.conversation import Conversation, Turn  # noqa: E402
+from localspec.app.trace import Trace  # noqa: E402
+from localspec.core.errors import LocalspecError  # noqa: E402
+from localspec.core.modes import MODES  # noqa: E402
 
 from . import debug_view as dv  # noqa: E402
 from .render import legend, notice_html, render_conversation, stats_html  # noqa: E402
-from .session import ReplayReport, Run, Session, Settings, speed_of, timestamped_trace_path  # noqa: E402
+from .session import ReplayReport, Session, Settings, speed_of, timestamped_trace_path  # noqa: E402
 
 STREAM_INTERVAL_S = 0.06  # at most ~16 screen updates a second while streaming
-
-
-@dataclass
-class Turn:
-    user: str  # plain text, exactly what was sent to the model
-    run: Run | None = None
 
 
 @dataclass
 class ChatState:
     """Per-tab state (a ``gr.State``): the conversation and what the debugging tab shows."""
 
-    turns: list[Turn] = field(default_factory=list)
-    view: Run | None = None  # the run in the debugging tab: the latest reply or a loaded trace
+    conversation: Conversation = field(default_factory=Conversation)
+    view: Trace | None = None  # the reply in the debugging tab: the latest one or a loaded trace
     selected: int | None = None  # token index selected in the debugging tab
 
-    def history(self) -> list[tuple[str, str]]:
-        """Plain-text (user, assistant) pairs for the next prompt — never display markup."""
-        return [(t.user, t.run.text) for t in self.turns if t.run is not None and not t.run.error]
+    @property
+    def turns(self) -> list[Turn]:
+        return self.conversation.turns
 
 
 class ChatApp:
@@ -93,25 +90,24 @@ class ChatApp:
             return
         self._busy.set()
         try:
-            turn = Turn(message)
             try:
-                stream = self.session.reply(state.history(), message, settings, cancel)
-                run = next(stream)  # settings, prompt and model errors surface here, before any token
+                config = settings.apply(self.session.config)
+                events = state.conversation.reply(self.session.engine, config, message, cancel, config.trace.top_n)
+                next(events, None)  # settings, prompt and model errors surface here, before the turn is added
             except LocalspecError as error:
                 yield render_conversation(state.turns), self._stats(state), notice_html(str(error)), state, message
                 return
-            turn.run = run
-            state.turns.append(turn)
-            state.view, state.selected = run, None
+            trace = state.turns[-1].trace
+            state.view, state.selected = trace, None
+            info = notice_html(trace.notice, "info") if trace.notice else ""
             last = 0.0
-            info = notice_html(run.notice, "info") if run.notice else ""
-            for run in stream:
+            for _event in events:
                 now = time.perf_counter()
-                if run.result is None and now - last < STREAM_INTERVAL_S:
+                if trace.result is None and now - last < STREAM_INTERVAL_S:
                     continue
                 last = now
                 yield render_conversation(state.turns), self._stats(state), info, state, ""
-            notice = notice_html(turn.run.error) if turn.run.error else info
+            notice = notice_html(trace.error) if trace.error else info
             yield render_conversation(state.turns), self._stats(state), notice, state, ""
         finally:
             self._busy.clear()
@@ -130,18 +126,17 @@ class ChatApp:
     def pop_for_regenerate(self, state: ChatState, key: str = "default") -> tuple[str, ChatState, str]:
         """Drop the last reply and return its user message to be sent again (a new request, like a send)."""
         self.new_request(key)
-        if not state.turns:
+        last = state.conversation.pop()
+        if last is None:
             return "", state, render_conversation(state.turns)
-        last = state.turns.pop()
         return last.user, state, render_conversation(state.turns, pending=last.user, busy=self._busy.is_set())
 
     def clear(self) -> tuple[ChatState, str, str, str]:
         return ChatState(), render_conversation([]), self._stats(ChatState()), ""
 
     def _stats(self, state: ChatState) -> str:
-        run = state.turns[-1].run if state.turns else None
-        t_target = self.session.target_token_seconds(measure=False)  # never measure mid-reply: the lock is held
-        return stats_html(speed_of(run, t_target) if run is not None else None)
+        trace = state.turns[-1].trace if state.turns else None
+        return stats_html(speed_of(trace, self.session.target_token_seconds()) if trace is not None else None)
 
     # --- model pair --------------------------------------------------------
     def load_pair(self, target: str, draft: str) -> tuple[str, str]:
@@ -151,6 +146,9 @@ class ChatApp:
         except LocalspecError as error:
             keep = f" — still using {self.session.pair_name}" if self.session.loaded else ""
             return notice_html(f"{error}{keep}"), self.badge()
+        warning = self.session.engine.pair_warning()
+        if warning:
+            return notice_html(f"loaded {name} — {warning}"), self.badge()
         return notice_html(f"loaded {name}", "ok"), self.badge()
 
     def badge(self) -> str:
@@ -183,7 +181,7 @@ class ChatApp:
         """A click on a token in the chat ("turn:index:nonce"): show that reply and token."""
         try:
             turn, index = (int(part) for part in (value or "").split(":")[:2])
-            run = state.turns[turn].run
+            run = state.turns[turn].trace
         except (ValueError, IndexError):
             return state
         if run is not None:
@@ -194,19 +192,20 @@ class ChatApp:
         """Write the viewed run as JSONL (same format as ``generate --trace``); (file path, notice)."""
         if state.view is None:
             return None, notice_html("nothing to save yet: chat first or load a trace")
-        folder = self.session.config.resolve_path(self.session.config.trace.dir)
+        folder = trace_folder(self.session.config)
         try:
+            folder.mkdir(parents=True, exist_ok=True)
             path = state.view.save(timestamped_trace_path(folder))
-        except OSError as error:
+        except (OSError, LocalspecError) as error:
             path = state.view.save(Path(tempfile.mkdtemp(prefix="localspec-")) / "trace.jsonl")
-            return str(path), notice_html(f"could not write to {folder} ({error.strerror}); saved to {path}", "info")
+            return str(path), notice_html(f"could not write to {folder} ({error}); saved to {path}", "info")
         return str(path), notice_html(f"saved {path}", "ok")
 
     def load_trace(self, path: str | None, state: ChatState) -> tuple[ChatState, str]:
         if not path:
             return state, ""
         try:
-            state.view, state.selected = Run.load(path), None
+            state.view, state.selected = Trace.load(path), None
         except LocalspecError as error:
             return state, notice_html(f"{Path(path).name}: {error}")
         except (OSError, UnicodeDecodeError, ValueError) as error:
@@ -230,7 +229,7 @@ def _escape(text: str) -> str:
     return html.escape(text)
 
 
-def _first_interesting(run: Run) -> int | None:
+def _first_interesting(run: Trace) -> int | None:
     """Default token for the top-10 view: the first correction, else the first token."""
     for i, token in enumerate(run.tokens):
         if token.get("status") == "corrected":
@@ -242,9 +241,22 @@ def model_choices(config: Config) -> tuple[list[str], list[str]]:
     """GGUF files in the models folder and models/ (plus the configured ones) for the pair pickers."""
     folders = dict.fromkeys([user_models_dir(), PROJECT_ROOT / "models"])
     found = sorted(str(p) for folder in folders for p in folder.glob("*.gguf"))
-    targets = list(dict.fromkeys([config.model.target, *found]))
-    drafts = list(dict.fromkeys([config.model.draft, *found, "ngram", "none"]))
+    configured = [str(config.resolve_path(v)) if v.lower() not in ("ngram", "none") else v
+                  for v in (config.model.target, config.model.draft)]  # fmt: skip
+    targets = list(dict.fromkeys([configured[0], *found]))
+    drafts = list(dict.fromkeys([configured[1], *found, "ngram", "none"]))
     return targets, drafts
+
+
+def trace_folder(config: Config) -> Path:
+    """Where the UI saves traces (``trace.dir``, resolved like every configured path)."""
+    return config.resolve_path(config.trace.dir)
+
+
+def allowed_paths(config: Config) -> list[str]:
+    """Folders Gradio may serve files from besides the working directory: saved traces, wherever
+    the UI was started from, and the fallback temporary folder."""
+    return [str(trace_folder(config)), tempfile.gettempdir()]
 
 
 # ----------------------------------------------------------------------
@@ -284,7 +296,8 @@ def build(app: ChatApp, startup_notice: str = ""):
                         with gr.Accordion("Sampling & speculation", open=True):
                             mode = gr.Dropdown(list(MODES), value=defaults.mode, label="mode", elem_id="ls-mode",
                                                info="rejection = exact default; invariant = same seed → same text with any draft")  # fmt: skip
-                            temperature = gr.Slider(0, 2, value=defaults.temperature, step=0.05, label="temperature")
+                            temperature = gr.Slider(0, 2, value=defaults.temperature, step=0.05, label="temperature",
+                                                    elem_id="ls-temperature")
                             draft_tokens = gr.Slider(0, 16, value=defaults.draft_tokens, step=1, label="draft tokens K",
                                                      info="with adaptive K: the most drafted per step")  # fmt: skip
                             adaptive = gr.Checkbox(defaults.adaptive, label="adaptive K",
@@ -409,7 +422,8 @@ def launch(config: Config) -> None:
     session = Session(config)
     startup_notice = ""
     try:
-        session.engine  # load now, so the first message is fast and a bad pair is reported on the page
+        warning = session.engine.pair_warning()  # load now: the first message is fast, a bad pair is reported
+        startup_notice = notice_html(warning) if warning else ""
     except LocalspecError as error:
         startup_notice = notice_html(f"{error} — fix the pair under “Model pair” and press Load pair")
     app = ChatApp(session)
@@ -438,6 +452,7 @@ def launch(config: Config) -> None:
             css=CSS,
             head=HEAD,
             prevent_thread_lock=True,
+            allowed_paths=allowed_paths(config),
         )
         # printed once the server answers: scripts (and the tests) wait for this line, not for a clock
         print(f"localspec UI: http://{host}:{port}  (pair: {session.pair_name}; Ctrl-C to stop)", flush=True)

@@ -1,6 +1,6 @@
 """The acceptance debugging view: step table, plots, top-10 of p vs q, replay comparison.
 
-Pure functions of a :class:`ui.session.Run` (so of a trace), drawing with
+Pure functions of a :class:`localspec.app.trace.Trace`, drawing with
 matplotlib's object API on the Agg canvas — no pyplot global state, which
 would not be safe with Gradio's worker threads.
 """
@@ -15,8 +15,10 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
+from localspec.app.trace import Trace  # noqa: E402
+
 from .render import _fmt, quote_piece, render_tokens, rows_by_position  # noqa: E402
-from .session import ReplayReport, Run  # noqa: E402
+from .session import ReplayReport  # noqa: E402
 
 COLOURS = {"accepted": "#16a34a", "corrected": "#ea580c", "bonus": "#2563eb", "target": "#6b7280"}
 DRAFT_COLOUR, VERIFY_COLOUR, OTHER_COLOUR = "#a78bfa", "#0ea5e9", "#cbd5e1"
@@ -25,7 +27,7 @@ STEP_COLUMNS = ["step", "position", "draft token", "q(draft)", "p(draft)", "acce
                 "outcome", "emitted", "draft ms", "verify ms"]  # fmt: skip
 
 
-def step_rows(run: Run) -> list[list[Any]]:
+def step_rows(run: Trace) -> list[list[Any]]:
     """One table row per verified position: the draft token, q and p of it, and its fate."""
     out: list[list[Any]] = []
     tokens_by_position = {t["position"]: t for t in run.tokens}
@@ -57,7 +59,7 @@ def _round(value: float | None) -> Any:
     return "" if value is None else round(float(value), 4)
 
 
-def summary_html(run: Run | None) -> str:
+def summary_html(run: Trace | None) -> str:
     """One line about the run shown: where it came from, models, mode, seed, tokens."""
     if run is None:
         return '<div class="ls-summary ls-muted">No reply yet: chat first, or load a trace (.jsonl).</div>'
@@ -102,7 +104,7 @@ def _empty(ax: Any, message: str) -> None:
     ax.set_yticks([])
 
 
-def acceptance_by_position_plot(run: Run | None) -> Figure:
+def acceptance_by_position_plot(run: Trace | None) -> Figure:
     """Rate at which draft position i was accepted, against the geometric prediction α**i."""
     fig, ax = _figure()
     ax.set_title("acceptance by draft position", fontsize=11, loc="left")
@@ -125,7 +127,7 @@ def acceptance_by_position_plot(run: Run | None) -> Figure:
     return fig
 
 
-def running_acceptance_plot(run: Run | None) -> Figure:
+def running_acceptance_plot(run: Trace | None) -> Figure:
     """Accepted / drafted so far, over the reply, with each step's own rate as faint dots."""
     fig, ax = _figure()
     ax.set_title("running acceptance over the reply", fontsize=11, loc="left")
@@ -153,7 +155,7 @@ def running_acceptance_plot(run: Run | None) -> Figure:
     return fig
 
 
-def timeline_plot(run: Run | None) -> Figure:
+def timeline_plot(run: Trace | None) -> Figure:
     """Draft vs verify (vs everything else) milliseconds for every step."""
     fig, ax = _figure()
     ax.set_title("time per step", fontsize=11, loc="left")
@@ -176,14 +178,14 @@ def timeline_plot(run: Run | None) -> Figure:
 
 
 # --- one token -------------------------------------------------------------
-def token_choices(run: Run | None) -> list[tuple[str, int]]:
+def token_choices(run: Trace | None) -> list[tuple[str, int]]:
     """(label, index) for the token picker: '#12 'hello' (accepted)'."""
     if run is None:
         return []
     return [(f"#{i + 1} {quote_piece(t.get('text'))} ({t.get('status')})", i) for i, t in enumerate(run.tokens)]
 
 
-def top_table_html(run: Run | None, index: int | None) -> str:
+def top_table_html(run: Trace | None, index: int | None) -> str:
     """Top-10 of p and of q side by side at the position of token ``index``, with bars."""
     if run is None or index is None or not 0 <= int(index) < len(run.tokens):
         return '<div class="ls-muted">Pick a token (or click one in the chat) to see the top-10 of p and q.</div>'

@@ -200,14 +200,14 @@ def status_counts(tokens: Iterable[dict[str, Any]]) -> dict[str, int]:
 def render_conversation(turns: Sequence[Any], pending: str | None = None, busy: bool = True) -> str:
     """The whole chat: user bubbles in plain escaped text, assistant bubbles as token spans.
 
-    ``turns`` are objects with ``user`` (str) and ``run`` (a :class:`ui.session.Run`
-    or None while waiting). ``pending`` is a message queued behind another
+    ``turns`` are :class:`localspec.app.conversation.Turn` objects: ``user`` (str) and
+    ``trace`` (a :class:`localspec.app.trace.Trace`, or None while waiting). ``pending`` is a message queued behind another
     conversation's generation (``busy``) or about to start.
     """
     parts: list[str] = []
     for n, turn in enumerate(turns):
         parts.append(_user_bubble(turn.user))
-        run = turn.run
+        run = turn.trace
         last = n == len(turns) - 1
         if run is None:
             parts.append(_waiting_bubble())

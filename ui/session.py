@@ -1,12 +1,11 @@
-"""The model pair behind the UI, and one reply as a replayable record.
+"""The model pair behind the UI, the panel's settings, speed figures and the replay check.
 
-A :class:`Run` is a trace held in memory: the same header and the same
-``to_dict()`` events that ``localspec generate --trace`` writes, in the order
-they happened. The chat renders it live, the debugging view draws it, and
-saving writes it with :class:`localspec.trace.TraceWriter` — so a trace saved
-here loads in any other localspec, and one written by the CLI loads here.
+A reply is a :class:`localspec.app.trace.Trace`: the chat renders it live,
+the debugging view draws it, and saving writes the same JSONL file that
+``localspec generate --trace`` writes. Each tab's chat is a
+:class:`localspec.app.conversation.Conversation`, as in the terminal.
 
-:class:`Session` owns the loaded :class:`localspec.engine.Engine`. It is
+:class:`Session` owns the loaded :class:`localspec.app.engine.Engine`. It is
 shared by every browser tab; the engine's own lock (plus the Gradio queue
 with a concurrency limit of one) serialises generations, and swapping the
 pair builds the new engine first so a failure leaves the old one usable.
@@ -14,20 +13,17 @@ pair builds the new engine first so a failure leaves the old one usable.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable
 
-from localspec.chat import build_messages
-from localspec.config import Config, SamplingConfig, absolute_path
-from localspec.errors import ConfigError, LocalspecError
-from localspec.events import GenerationResult, GenerationStats
-from localspec.generation import GenerationOptions
-from localspec.perf import predicted_speedup, slows_down, speedup_verdict
-from localspec.trace import TraceWriter, read_trace
+from localspec.app.config import Config, SamplingConfig, absolute_path
+from localspec.app.trace import Trace
+from localspec.core.errors import ConfigError, LocalspecError
+from localspec.core.loop import GenerationOptions
+from localspec.core.perf import predicted_speedup, slows_down, speedup_verdict
 
 EngineFactory = Callable[[Config], Any]
 
@@ -98,105 +94,6 @@ def _number(value: Any, kind: type, name: str) -> Any:
 
 
 @dataclass
-class Run:
-    """One reply: trace header plus events (``to_dict()`` form) in the order they happened."""
-
-    header: dict[str, Any]
-    events: list[dict[str, Any]] = field(default_factory=list)
-    error: str = ""
-    notice: str = ""  # e.g. the target was reloaded so greedy output equals target-only
-    source: str = "live"  # live / loaded / replay
-
-    @property
-    def tokens(self) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("kind") == "token"]
-
-    @property
-    def steps(self) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("kind") == "step"]
-
-    @property
-    def result(self) -> dict[str, Any] | None:
-        for event in reversed(self.events):
-            if event.get("kind") == "result":
-                return event
-        return None
-
-    @property
-    def text(self) -> str:
-        result = self.result
-        return result["text"] if result is not None else "".join(t.get("text", "") for t in self.tokens)
-
-    @property
-    def token_ids(self) -> list[int]:
-        return [t["token_id"] for t in self.tokens]
-
-    def add(self, event: Any) -> None:
-        data = event.to_dict()
-        if isinstance(event, GenerationResult):
-            data = {"kind": "result", **data}
-        self.events.append(data)
-
-    def stats(self) -> GenerationStats:
-        """Counters of the reply so far (the result's own when finished, else summed from the steps)."""
-        result = self.result
-        if result is not None:
-            known = set(GenerationStats.__dataclass_fields__)
-            return GenerationStats(**{k: v for k, v in result["stats"].items() if k in known})
-        options = self.header.get("options", {})
-        stats = GenerationStats(mode=options.get("mode", ""), drafter=self.header.get("draft", ""),
-                                seed=options.get("seed", 0), k=options.get("draft_tokens", 0))  # fmt: skip
-        for step in self.steps:
-            n_drafted = len(step.get("drafted", []))
-            stats.steps += 1
-            stats.drafted += n_drafted
-            stats.accepted += step.get("n_accepted", 0)
-            stats.examined += sum(1 for row in step.get("rows", []) if row.get("outcome") in ("accepted", "rejected"))
-            stats.draft_s += step.get("draft_s", 0.0)
-            stats.verify_s += step.get("verify_s", 0.0)
-            stats.other_s += step.get("other_s", 0.0)
-            while len(stats.drafted_by_position) < n_drafted:
-                stats.drafted_by_position.append(0)
-                stats.accepted_by_position.append(0)
-            for i in range(n_drafted):
-                stats.drafted_by_position[i] += 1
-                stats.accepted_by_position[i] += i < step.get("n_accepted", 0)
-        stats.n_tokens = len(self.tokens)
-        return stats
-
-    # --- traces ---------------------------------------------------------
-    def save(self, path: str | Path) -> Path:
-        """Write this run as a JSONL trace, exactly as ``localspec generate --trace`` does."""
-        header = {k: v for k, v in self.header.items() if k not in ("kind", "version", "created")}
-        with TraceWriter(path, header) as writer:
-            for event in self.events:
-                writer.write(_AsDict(event))
-        return Path(path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Run":
-        """Read a trace (checked by :func:`localspec.trace.read_trace`), keeping the event order."""
-        trace = read_trace(path)  # validates header, version and every line
-        events = []
-        for line in Path(path).read_text(encoding="utf-8").splitlines()[1:]:
-            if line.strip():
-                obj = json.loads(line)
-                if obj.get("kind") in ("token", "step", "result"):
-                    events.append(obj)
-        return cls(header=trace.header, events=events, source="loaded")
-
-
-class _AsDict:
-    """Lets :meth:`TraceWriter.write` write an event that is already a dict."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self._data = data
-
-    def to_dict(self) -> dict[str, Any]:
-        return self._data
-
-
-@dataclass
 class Speed:
     """The live stats panel's numbers (DESIGN §7)."""
 
@@ -211,7 +108,7 @@ class Speed:
     slow: bool = False  # the draft measurably slows this reply down (a reply long enough to judge)
 
 
-def speed_of(run: Run, target_token_s: float | None) -> Speed:
+def speed_of(run: Trace, target_token_s: float | None) -> Speed:
     """tok/s, acceptance, tokens per step and measured vs predicted speedup of one run."""
     stats = run.stats()
     drafting = stats.drafted > 0
@@ -220,7 +117,8 @@ def speed_of(run: Run, target_token_s: float | None) -> Speed:
     if target_token_s and stats.tokens_per_second > 0 and drafting:
         measured = stats.tokens_per_second * target_token_s
         predicted = predicted_speedup(stats, target_token_s)
-        verdict = speedup_verdict(measured, predicted, stats.alpha, stats.n_tokens)
+        # the verdict quotes the panel's own acceptance (accepted / drafted): one number, one definition
+        verdict = speedup_verdict(measured, predicted, stats.acceptance_rate, stats.n_tokens)
     elif not drafting and stats.n_tokens:
         verdict = "no draft tokens in this reply: every token came from the target alone"
     return Speed(
@@ -242,8 +140,8 @@ class ReplayReport:
 
     identical: bool
     first_difference: int | None  # token index of the first difference
-    original: Run
-    replay: Run
+    original: Trace
+    replay: Trace
     explanation: str
 
 
@@ -252,14 +150,13 @@ class Session:
 
     def __init__(self, config: Config, engine_factory: EngineFactory | None = None) -> None:
         if engine_factory is None:
-            from localspec.engine import Engine
+            from localspec.app.engine import Engine
 
             engine_factory = Engine
         self.config = config
         self._factory = engine_factory
         self._engine = None
         self._swap = threading.Lock()  # one load/swap at a time
-        self._t_target: float | None = None  # target-only seconds per token of the loaded target
 
     # --- the pair -------------------------------------------------------
     @property
@@ -294,7 +191,6 @@ class Session:
         with self._swap:
             engine = self._factory(config)  # raises: the old engine stays
             old, self._engine, self.config = self._engine, engine, config
-            self._t_target = None
         if old is not None:
             old.close()
         return engine.pair_name
@@ -305,60 +201,12 @@ class Session:
                 self._engine.close()
                 self._engine = None
 
-    def target_token_seconds(self, measure: bool = True) -> float | None:
-        """Target-only cost per token (DESIGN §7); ``measure=False`` only returns a cached value.
+    def target_token_seconds(self) -> float | None:
+        """The loaded target's own cost per token if already measured (DESIGN §7); never measures:
+        mid-reply the engine lock is held."""
+        return self._engine.target_token_seconds(measure=False) if self._engine is not None else None
 
-        Measuring takes the engine lock, so it must never run while a reply holds it.
-        """
-        if self._t_target is None and measure and self._engine is not None:
-            try:
-                self._t_target = self._engine.target_token_seconds()
-            except LocalspecError:
-                return None
-        return self._t_target
-
-    # --- generation -----------------------------------------------------
-    def reply(
-        self,
-        history: Sequence[tuple[str, str]],
-        user: str,
-        settings: Settings,
-        cancel: threading.Event | None = None,
-    ) -> Iterator[Run]:
-        """Stream one chat reply: yields the same growing :class:`Run` after every event.
-
-        ``history`` is plain text (never display markup). Raises
-        :class:`LocalspecError` before the first yield for bad settings or prompts.
-        """
-        from localspec.cli import trace_header
-
-        config = settings.apply(self.config)
-        engine = self.engine
-        if config.chat.chat_template:
-            prepared = engine.encode_chat(build_messages(config.chat.system_prompt, list(history), user))
-        else:
-            prepared = engine.encode_raw(user)
-        options = engine.options(config, detail_top=config.trace.top_n)
-        params = config.sampling.params()
-        if options.mode != "target-only" and engine.drafter is not None:
-            self.target_token_seconds()  # measured once per pair, before the reply takes the lock
-        notice = engine.ensure_invariance(options, params) or ""
-        run = Run(header=trace_header(config, engine, prepared, options), notice=notice)
-        yield from self._stream(engine, run, prepared.tokens, options, params, cancel)
-
-    def _stream(self, engine, run: Run, prompt, options, params, cancel) -> Iterator[Run]:
-        events = engine.stream(prompt, options, params, cancel)
-        try:
-            for event in events:
-                run.add(event)
-                yield run
-        except LocalspecError as error:
-            run.error = str(error)
-            yield run
-        finally:
-            events.close()  # releases the engine lock even when the caller stops iterating
-
-    def replay_without_draft(self, run: Run) -> ReplayReport:
+    def replay_without_draft(self, run: Trace) -> ReplayReport:
         """Regenerate an invariant-mode run with the same seed and no draft; compare byte for byte."""
         options = dict(run.header.get("options", {}))
         if options.get("mode") != "invariant":
@@ -384,9 +232,12 @@ class Session:
         params = SamplingConfig(**{k: v for k, v in sampling.items() if k in SamplingConfig.__dataclass_fields__}).params()
         header = dict(run.header)
         header["options"] = {**options, "max_tokens": gen_options.max_tokens}
-        replay = Run(header={k: v for k, v in header.items() if k not in ("kind", "version", "created")}, source="replay")
-        for _ in self._stream(engine, replay, run.header["prompt_tokens"], gen_options, params, None):
-            pass
+        replay = Trace(header={k: v for k, v in header.items() if k not in ("kind", "version", "created")}, source="replay")
+        try:
+            for event in engine.stream(run.header["prompt_tokens"], gen_options, params):
+                replay.add(event)
+        except LocalspecError as error:
+            replay.error = str(error)
         if replay.error:
             raise ConfigError(f"the replay failed: {replay.error}")
         replay_ids = replay.token_ids

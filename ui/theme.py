@@ -129,5 +129,22 @@ document.addEventListener('click', function (event) {
   box.value = turn.dataset.turn + ':' + tok.dataset.i + ':' + Date.now();
   box.dispatchEvent(new Event('input', { bubbles: true }));
 });
+// The chat log is re-rendered on every streamed update: keep it at the newest message unless
+// the reader scrolled up to read an older one (then keep their place).
+(function () {
+  let follow = true, lastTop = 0;
+  document.addEventListener('scroll', function (event) {
+    const log = event.target;
+    if (!log || log.id !== 'ls-chat-log') return;
+    follow = log.scrollTop + log.clientHeight >= log.scrollHeight - 40;
+    lastTop = log.scrollTop;
+  }, true);
+  new MutationObserver(function () {
+    const log = document.getElementById('ls-chat-log');
+    if (!log) return;
+    if (follow) { if (log.scrollTop + log.clientHeight < log.scrollHeight) log.scrollTop = log.scrollHeight; }
+    else if (log.scrollTop !== lastTop) log.scrollTop = lastTop;
+  }).observe(document.documentElement, { childList: true, subtree: true });
+})();
 </script>
 """

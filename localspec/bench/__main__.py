@@ -1,4 +1,4 @@
-"""``python -m localspec.bench sampler|kernels|run [...]``."""
+"""``python -m localspec.bench sampler|kernels [...]``; the end-to-end benchmark is ``localspec bench``."""
 
 import sys
 
@@ -8,7 +8,7 @@ def main() -> int:
     if not args or args[0] in ("-h", "--help"):
         print("usage: python -m localspec.bench sampler [--repeats N] [--vocab V] [-k K] [--mode M]")
         print("       python -m localspec.bench kernels [--pair NAME] [--model target|draft] [--repeats N]")
-        print("       python -m localspec.bench run [...]   (same as `localspec bench`)")
+        print("end to end: `localspec bench` (see `localspec bench --help`)")
         return 0
     if args[0] == "sampler":
         from .sampler import main as sampler_main
@@ -18,11 +18,7 @@ def main() -> int:
         from .kernels import main as kernels_main
 
         return kernels_main(args[1:])
-    if args[0] == "run":
-        from ..cli import main as cli_main
-
-        return cli_main(["bench", *args[1:]])
-    print(f"unknown benchmark {args[0]!r}; use 'sampler', 'kernels' or 'run'", file=sys.stderr)
+    print(f"unknown benchmark {args[0]!r}; use 'sampler' or 'kernels' (end to end: `localspec bench`)", file=sys.stderr)
     return 2
 
 

@@ -22,17 +22,18 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import yaml
 
-from ..drafters import NgramDrafter
-from ..errors import ConfigError
-from ..events import GenerationResult, StepEvent
-from ..generation import MAX_DRAFT_TOKENS, GenerationOptions, SpeculativeDecoder
-from ..perf import expected_tokens, model_speedup, speedup_verdict
+from localspec.app.engine import reference_generator
+from localspec.app.invariance import llama_build
+from localspec.core.errors import ConfigError
+from localspec.core.events import GenerationResult, GenerationStats, StepEvent
+from localspec.core.loop import MAX_DRAFT_TOKENS, GenerationOptions
+from localspec.core.perf import expected_tokens, model_speedup, speedup_verdict
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.yaml")
 REFERENCE_TARGET = "llama-cpp-python"
@@ -126,47 +127,27 @@ def load_prompts(names: Sequence[str] | None = None, path: Path = PROMPTS_FILE) 
 
 # ----------------------------------------------------------------------
 @dataclass
-class Run:
-    """One timed generation."""
+class Measurement:
+    """One timed generation: the reply's own counters, plus what the benchmark derives from them."""
 
     variant: str
     prompt: str
     repeat: int
-    n_tokens: int
-    decode_s: float
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    other_s: float = 0.0
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    alpha: float = 0.0
-    acceptance_rate: float = 0.0
+    stats: GenerationStats
+    stop_reason: str = ""
     mean_k: float = 0.0
     expected_tokens: float = 0.0  # sum over steps of E[tokens](alpha, k_step), DESIGN §7
-    stop_reason: str = ""
     speedup: float | None = None
     predicted_speedup: float | None = None
     reference_speedup: float | None = None  # llama-cpp-python lookup over llama-cpp-python alone
 
-    @property
-    def tokens_per_second(self) -> float:
-        return self.n_tokens / self.decode_s if self.decode_s > 0 else 0.0
-
-    @property
-    def tokens_per_step(self) -> float:
-        return self.n_tokens / self.steps if self.steps else 0.0
-
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        out = asdict(self)
-        out.update(tokens_per_second=self.tokens_per_second, tokens_per_step=self.tokens_per_step)
-        return out
+        out = {k: v for k, v in asdict(self).items() if k != "stats"}
+        return out | self.stats.to_dict()
 
 
 class Bench:
-    """Owns the decoders of every variant on one loaded :class:`~localspec.engine.Engine`."""
+    """Owns the decoders of every variant on one loaded :class:`~localspec.app.engine.Engine`."""
 
     def __init__(self, engine, settings: BenchSettings) -> None:
         self.engine = engine
@@ -177,15 +158,7 @@ class Bench:
                 f"the draft-model variants need a draft model, but model.draft is {engine.config.model.draft!r}; "
                 "pass --draft PATH.gguf or choose --variants target-only,prompt-lookup"
             )
-        self.model_decoder = engine.decoder
-        self.ngram_decoder = SpeculativeDecoder(
-            engine.target, engine.target, NgramDrafter(max_ngram=engine.config.speculative.ngram_max)
-        )
-        self.reference = None
-        if settings.reference:
-            from ..llama_backend import ReferenceGenerator
-
-            self.reference = ReferenceGenerator(engine.target_path, engine.settings, num_pred_tokens=10)
+        self.reference = reference_generator(engine, num_pred_tokens=10) if settings.reference else None
         self.base_params = engine.config.sampling.params()
 
     def close(self) -> None:
@@ -193,17 +166,14 @@ class Bench:
             self.reference.close()
 
     def prompt_tokens(self, text: str) -> list[int]:
-        from ..chat import build_messages
+        return self.engine.encode_prompt(self.engine.config, [], text).tokens
 
-        if self.engine.template is not None and self.engine.config.chat.chat_template:
-            return self.engine.encode_chat(build_messages(self.engine.config.chat.system_prompt, [], text)).tokens
-        return self.engine.encode_raw(text).tokens
-
-    def run_one(self, variant: Variant, prompt: str, tokens: list[int], repeat: int, max_tokens: int) -> Run:
+    def run_one(self, variant: Variant, prompt: str, tokens: list[int], repeat: int, max_tokens: int) -> Measurement:
         """Generate once with ``variant`` and return its counters and timings."""
         if variant.drafter == "reference":
             n, seconds = self.reference.generate(tokens, max_tokens, prompt_lookup=variant.name == REFERENCE_LOOKUP)
-            return Run(variant.name, prompt, repeat, n, seconds, stop_reason="reference")
+            return Measurement(variant.name, prompt, repeat, GenerationStats(mode="reference", n_tokens=n, other_s=seconds),
+                               stop_reason="reference")  # fmt: skip
         s = self.settings
         options = GenerationOptions(
             mode=variant.mode,
@@ -214,25 +184,17 @@ class Bench:
             min_draft_tokens=s.min_draft_tokens,
         )
         params = replace(self.base_params, temperature=variant.temperature)
-        decoder = self.ngram_decoder if variant.drafter == "ngram" else self.model_decoder
+        drafter = "ngram" if variant.drafter == "ngram" else None
         ks: list[int] = []
         result: GenerationResult | None = None
-        with self.engine.lock:
-            for event in decoder.stream(tokens, params, options):
-                if isinstance(event, StepEvent):
-                    ks.append(len(event.drafted))
-                elif isinstance(event, GenerationResult):
-                    result = event
+        for event in self.engine.stream(tokens, options, params, drafter=drafter):
+            if isinstance(event, StepEvent):
+                ks.append(len(event.drafted))
+            elif isinstance(event, GenerationResult):
+                result = event
         assert result is not None
-        st = result.stats
-        alpha = st.alpha
-        return Run(
-            variant.name, prompt, repeat, st.n_tokens, st.decode_s, st.draft_s, st.verify_s, st.other_s,
-            st.steps, st.drafted, st.accepted, alpha, st.acceptance_rate,
-            statistics.fmean(ks) if ks else 0.0,
-            expected_tokens(st),
-            result.stop_reason,
-        )  # fmt: skip
+        mean_k = statistics.fmean(ks) if ks else 0.0
+        return Measurement(variant.name, prompt, repeat, result.stats, result.stop_reason, mean_k, expected_tokens(result.stats))
 
 
 def run_bench(engine, settings: BenchSettings, progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
@@ -251,7 +213,7 @@ def run_bench(engine, settings: BenchSettings, progress: Callable[[str, int, int
                 progress(f"warm-up {variant.name}", done, total)
             bench.run_one(variant, first, tokens[first], -1, min(settings.warmup_tokens, settings.max_tokens))
             done += 1
-        runs: list[Run] = []
+        runs: list[Measurement] = []
         for repeat in range(settings.repeats):
             for prompt in prompts:
                 name = prompt["name"]
@@ -268,21 +230,46 @@ def run_bench(engine, settings: BenchSettings, progress: Callable[[str, int, int
         bench.close()
 
 
-def _attach_speedups(runs: list[Run]) -> None:
+def run_from_cli(engine, options: dict[str, Any], progress: Callable[[str, int, int], None] | None = None
+                 ) -> tuple[dict[str, Any], str]:  # fmt: skip
+    """``localspec bench``: the command line's options in, (JSON report with its plot path, table) out."""
+    config = engine.config
+    max_k = options["max_k"]
+    settings = BenchSettings(
+        variants=_names(options["variants"]) or tuple(VARIANTS),
+        prompts=_names(options["prompts"]) or None,
+        repeats=options["repeats"],
+        max_tokens=options["max_tokens"],
+        draft_tokens=options["draft_tokens"] if options["draft_tokens"] is not None else max(1, config.speculative.draft_tokens),
+        max_draft_tokens=max_k,
+        min_draft_tokens=min(config.speculative.min_draft_tokens, max_k),
+        temperature=options["temperature"],
+        reference=options["reference"],
+    )
+    report = run_bench(engine, settings, progress)
+    report["plot"] = str(write_plot(report, options["plot_path"]))
+    return report, render_table(report)
+
+
+def _names(text: str | None) -> list[str]:
+    return [name.strip() for name in (text or "").split(",") if name.strip()]
+
+
+def _attach_speedups(runs: list[Measurement]) -> None:
     """Speedup of every run over the target-only run of the same prompt and repeat (and its prediction)."""
     base = {(r.prompt, r.repeat): r for r in runs if r.variant == "target-only"}
     ref_base = {(r.prompt, r.repeat): r for r in runs if r.variant == REFERENCE_TARGET}
     for run in runs:
         baseline = base.get((run.prompt, run.repeat))
-        if baseline is None or baseline.tokens_per_second <= 0:
+        if baseline is None or baseline.stats.tokens_per_second <= 0:
             continue
-        run.speedup = run.tokens_per_second / baseline.tokens_per_second
-        t_target = baseline.decode_s / baseline.n_tokens
-        if run.steps and run.decode_s > 0:
-            run.predicted_speedup = model_speedup(run.expected_tokens, t_target, run.decode_s)
+        run.speedup = run.stats.tokens_per_second / baseline.stats.tokens_per_second
+        t_target = baseline.stats.decode_s / baseline.stats.n_tokens
+        if run.stats.steps and run.stats.decode_s > 0:
+            run.predicted_speedup = model_speedup(run.expected_tokens, t_target, run.stats.decode_s)
         elif run.variant == REFERENCE_LOOKUP and (run.prompt, run.repeat) in ref_base:
             ref = ref_base[(run.prompt, run.repeat)]
-            run.reference_speedup = run.tokens_per_second / ref.tokens_per_second if ref.tokens_per_second else None
+            run.reference_speedup = run.stats.tokens_per_second / ref.stats.tokens_per_second if ref.stats.tokens_per_second else None
 
 
 def _stat(values: list[float]) -> dict[str, float] | None:
@@ -292,11 +279,11 @@ def _stat(values: list[float]) -> dict[str, float] | None:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _report(engine, settings, variants, prompts, tokens, runs: list[Run], seconds: float) -> dict[str, Any]:
+def _report(engine, settings, variants, prompts, tokens, runs: list[Measurement], seconds: float) -> dict[str, Any]:
     rows = []
     for variant in variants:
         mine = [r for r in runs if r.variant == variant.name]
-        decode = sum(r.decode_s for r in mine)
+        decode = sum(r.stats.decode_s for r in mine)
         ratios = [r.speedup / r.predicted_speedup for r in mine if r.speedup and r.predicted_speedup]
         row = {
             "name": variant.name,
@@ -308,17 +295,17 @@ def _report(engine, settings, variants, prompts, tokens, runs: list[Run], second
             "k": (settings.max_draft_tokens if variant.adaptive else settings.draft_tokens)
             if variant.drafter in ("model", "ngram") else 0,
             "runs": len(mine),
-            "tokens": sum(r.n_tokens for r in mine),
-            "tokens_per_second": _stat([r.tokens_per_second for r in mine]),
+            "tokens": sum(r.stats.n_tokens for r in mine),
+            "tokens_per_second": _stat([r.stats.tokens_per_second for r in mine]),
             "speedup": _stat([r.speedup for r in mine]),
-            "acceptance_rate": _stat([r.acceptance_rate for r in mine if r.drafted]),
-            "alpha": _stat([r.alpha for r in mine if r.drafted]),
-            "tokens_per_step": _stat([r.tokens_per_step for r in mine if r.steps]),
-            "mean_k": _stat([r.mean_k for r in mine if r.steps]),
+            "acceptance_rate": _stat([r.stats.acceptance_rate for r in mine if r.stats.drafted]),
+            "alpha": _stat([r.stats.alpha for r in mine if r.stats.drafted]),
+            "tokens_per_step": _stat([r.stats.tokens_per_step for r in mine if r.stats.steps]),
+            "mean_k": _stat([r.mean_k for r in mine if r.stats.steps]),
             "time_split": {
-                "draft": sum(r.draft_s for r in mine) / decode if decode else 0.0,
-                "verify": sum(r.verify_s for r in mine) / decode if decode else 0.0,
-                "other": sum(r.other_s for r in mine) / decode if decode else 0.0,
+                "draft": sum(r.stats.draft_s for r in mine) / decode if decode else 0.0,
+                "verify": sum(r.stats.verify_s for r in mine) / decode if decode else 0.0,
+                "other": sum(r.stats.other_s for r in mine) / decode if decode else 0.0,
             }
             if variant.drafter != "reference"
             else None,
@@ -339,7 +326,7 @@ def _report(engine, settings, variants, prompts, tokens, runs: list[Run], second
             "n_ctx": target.context_size,
             "flash_attention": engine.settings.flash_attention,
         },
-        "build": {"llama_cpp_python": engine.backend.llama_cpp_version(), "system": engine.backend.system_info()},
+        "build": {"llama_cpp_python": llama_build()["version"], "system": llama_build()["system_info"]},
         "settings": {
             "repeats": settings.repeats,
             "max_tokens": settings.max_tokens,

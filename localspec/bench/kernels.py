@@ -27,10 +27,10 @@ PLACEMENTS = {"repacked (default)": None, "plain memory": False}
 
 def measure(path: str, settings, repeats: int, rows: tuple[int, ...]) -> dict[str, dict]:
     """Median seconds per decode of each row count, per placement, interleaved; plus invariance."""
-    from ..doctor import measure_model
-    from ..llama_backend import LlamaModel
+    from localspec.app.engine import load_model
+    from localspec.app.invariance import measure_model
 
-    models = {name: LlamaModel(path, replace(settings, extra_buffers=extra)) for name, extra in PLACEMENTS.items()}
+    models = {name: load_model(path, replace(settings, extra_buffers=extra), "target") for name, extra in PLACEMENTS.items()}
     try:
         first = next(iter(models.values()))
         context = first.tokenize("def quicksort(items):\n    if len(items) < 2:\n        return items\n" * 6)
@@ -72,9 +72,9 @@ def render(path: str, report: dict[str, dict], rows: tuple[int, ...]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..catalog import resolve_pair, select_pair
-    from ..config import load_config
-    from ..engine import llama_settings
+    from localspec.app.catalog import resolve_pair, select_pair
+    from localspec.app.config import load_config
+    from localspec.app.engine import llama_settings
 
     parser = argparse.ArgumentParser(prog="python -m localspec.bench kernels", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=12, help="decodes per row count and placement")

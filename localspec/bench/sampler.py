@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..modes import Draft, make_mode
-from ..sampling import SamplingParams
+from localspec.core.modes import Draft, make_mode
+from localspec.core.sampling import SamplingParams
 
 VOCABS = (49_152, 151_936, 262_144)
 KS = (4, 8)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import ConfigError, ModelError
+from localspec.core.errors import ConfigError, ModelError
 
 ROLES = ("system", "user", "assistant")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .events import TokenStatus
+from localspec.core.events import TokenStatus
 
 RESET = "\x1b[0m"
 DIM = "\x1b[2m"

@@ -10,10 +10,10 @@ config.yaml, a command-line flag or the UI.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, Field, field, fields
+from dataclasses import Field, field, fields
 from typing import Any, Sequence
 
-from .errors import ConfigError
+from localspec.core.errors import ConfigError
 
 
 def setting(
@@ -73,14 +73,6 @@ def validate(obj: Any, section: str) -> None:
         clean = check_value(f, getattr(obj, f.name), key)
         if clean is not getattr(obj, f.name):
             object.__setattr__(obj, f.name, clean)
-
-
-def field_default(f: Field) -> Any:
-    if f.default is not MISSING:
-        return f.default
-    if f.default_factory is not MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
-    return None
 
 
 def _coerce(value: Any, typ: str, key: str, f: Field) -> Any:

@@ -74,7 +74,7 @@ def slows_down(measured: float, tokens: int | None = None) -> bool:
 
 
 def speedup_verdict(
-    measured: float, predicted: float | None = None, alpha: float | None = None, tokens: int | None = None
+    measured: float, predicted: float | None = None, acceptance: float | None = None, tokens: int | None = None
 ) -> str:
     """A plain-language line about whether the draft is paying for itself, and why not when it is not.
 
@@ -91,9 +91,9 @@ def speedup_verdict(
         text = f"the draft makes this {measured:.2f}x faster than the target alone"
     elif not slows_down(measured):
         text = f"the draft breaks even ({measured:.2f}x): drafting costs about what it saves"
-    elif alpha is not None and alpha >= 0.8:
+    elif acceptance is not None and acceptance >= 0.8:
         text = (
-            f"the draft is SLOWING things down ({measured:.2f}x) although it is accepted {alpha:.0%} of the time: "
+            f"the draft is SLOWING things down ({measured:.2f}x) although {acceptance:.0%} of its tokens are accepted: "
             "it costs too much per token next to the target — use a smaller draft model or --draft none"
         )
     else:

@@ -11,8 +11,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from .model import LanguageModel, common_prefix_length, sync_cache
-from .modes import Draft, Mode
+from localspec.core.model import LanguageModel, common_prefix_length, sync_cache
+from localspec.core.modes import Draft, Mode
 
 
 class Drafter(Protocol):

@@ -1,7 +1,7 @@
 """Speculative modes: how a draft token is picked and how the target judges it.
 
 A mode pairs a *draft pick* (what a model drafter does with its logits) with a
-*verification rule* from :mod:`localspec.verify`, so the two can never drift
+*verification rule* from :mod:`localspec.core.verify`, so the two can never drift
 apart: rejection mode samples the draft from exactly the ``q`` its rule
 divides by (DESIGN §2, bugs 1 and 2); invariant mode uses the shared Gumbel
 noise on both sides and nothing else.
@@ -14,13 +14,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .noise import gumbel_max_sample, stream_key
-from .sampling import SamplingParams, greedy_token, log_weights, weights
-from .verify import (
+from localspec.core.noise import gumbel_max_sample, stream_key
+from localspec.core.sampling import SamplingParams, greedy_token, log_weights, weights
+from localspec.core.verify import (
     Verdict,
-    verify_coupled,
-    verify_greedy,
     verify_onehot,
+    verify_picks,
     verify_rejection,
     verify_token_match,
 )
@@ -59,9 +58,6 @@ class LazyRows(Sequence[object]):
             row = self._rows[i] = self._make(i)
         return row
 
-    def computed(self, i: int) -> bool:
-        return i in self._rows
-
 
 class Mode:
     """Base class. ``position`` arguments are absolute positions of the token being chosen."""
@@ -89,7 +85,7 @@ class Mode:
         return list(context[-self.params.penalty_last_n :]) + list(draft[:i])
 
     def target_probs(self, target_logits: np.ndarray, context: Sequence[int], draft: Sequence[int]) -> LazyRows:
-        """Target rows as :class:`~localspec.sampling.Weights`, each computed only if a rule looks at it."""
+        """Target rows as :class:`~localspec.core.sampling.Weights`, each computed only if a rule looks at it."""
         return LazyRows(
             target_logits.shape[0],
             lambda i: weights(target_logits[i], self.params, self.history(context, draft, i), self.vocab_size),
@@ -127,7 +123,7 @@ class GreedyMode(Mode):
                 target_logits[i], self.params, self.history(context, draft.tokens, i), self.vocab_size
             ),
         )
-        return verify_greedy(draft.tokens, best)
+        return verify_picks(draft.tokens, best)
 
 
 class InvariantMode(Mode):
@@ -162,7 +158,7 @@ class InvariantMode(Mode):
             target_logits.shape[0],
             lambda i: self._coupled_pick(target_logits[i], self.history(context, draft.tokens, i), start + i),
         )
-        return verify_coupled(draft.tokens, picks)
+        return verify_picks(draft.tokens, picks)
 
 
 class TokenMatchMode(RejectionMode):
@@ -190,7 +186,7 @@ def make_mode(
 ) -> Mode:
     """Build a mode by name. Greedy mode ignores temperature; T = 0 makes every sampling mode greedy."""
     if name not in MODES:
-        from .errors import ConfigError
+        from localspec.core.errors import ConfigError
 
         raise ConfigError(f"mode {name!r} is unknown; choose one of {', '.join(MODES)}")
     if name == "invariant":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Iterable
 
 
 class TokenStatus(str, Enum):
@@ -90,6 +90,9 @@ class StepEvent:
     verify_s: float
     other_s: float
     residual_mass: float | None = None
+    examined: int = 0  # draft tokens the rule looked at: the accepted ones plus the rejected one
+    n_kept: int = 0  # accepted drafts the reply used (fewer than n_accepted when it ended inside them)
+    n_added: int = 0  # tokens this step added to the reply (an ending EOS is not one)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -119,6 +122,39 @@ class GenerationStats:
     wall_s: float = 0.0
     accepted_by_position: list[int] = field(default_factory=list)
     drafted_by_position: list[int] = field(default_factory=list)
+
+    def add_step(self, step: "StepEvent | dict[str, Any]") -> None:
+        """Count one step. The loop counts with this as it goes, and :meth:`from_steps` with it from a
+        trace, so a live reply, a saved one and a replayed one report the same numbers."""
+        get = step.get if isinstance(step, dict) else lambda name, default=None: getattr(step, name, default)
+        n_drafted, n_kept = len(get("drafted", [])), get("n_kept", 0)
+        self.steps += 1
+        self.n_tokens += get("n_added", 0)
+        self.drafted += n_drafted
+        self.accepted += n_kept
+        self.examined += get("examined", 0)
+        self.draft_s += get("draft_s", 0.0)
+        self.verify_s += get("verify_s", 0.0)
+        self.other_s += get("other_s", 0.0)
+        while len(self.drafted_by_position) < n_drafted:
+            self.drafted_by_position.append(0)
+            self.accepted_by_position.append(0)
+        for i in range(n_drafted):
+            self.drafted_by_position[i] += 1
+            self.accepted_by_position[i] += i < n_kept
+
+    @classmethod
+    def from_steps(cls, steps: "Iterable[StepEvent | dict[str, Any]]", **known: Any) -> "GenerationStats":
+        """The counters of a reply rebuilt from its steps (``known``: mode, drafter, seed, k, n_prompt…)."""
+        stats = cls(**known)
+        for step in steps:
+            stats.add_step(step)
+        return stats
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GenerationStats":
+        """Read back :meth:`to_dict` (derived numbers are recomputed, not read)."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     @property
     def acceptance_rate(self) -> float:

@@ -12,16 +12,16 @@ non-invariant.
 from __future__ import annotations
 
 import hashlib
-import sys
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from .model import LanguageModel
+from localspec.core.model import LanguageModel
 
 PROBE_TEXT = (
     "Speculative decoding must not change a single bit of the output. The quick brown fox jumps over the lazy dog; "
@@ -270,22 +270,34 @@ def build_stamp() -> dict | None:
         return None
 
 
-def build_id(backend) -> str:
+def llama_build() -> dict[str, Any]:
+    """The installed llama.cpp: version, feature line, tiled matmul, GPU offload (what the doctor prints)."""
+    from localspec.llama import runtime
+
+    return {
+        "version": runtime.llama_cpp_version(),
+        "system_info": runtime.system_info(),
+        "tiled_matmul": runtime.tiled_matmul_enabled(),
+        "gpu_offload": runtime.gpu_offload_supported(),
+    }
+
+
+def build_id() -> str:
     """What a measurement depends on besides the model: library version, features, flags and patches."""
-    stamp = build_stamp() or {}
-    tiled = "tiled" if backend.tiled_matmul_enabled() else "untiled"
-    return f"{backend.llama_cpp_version()} {backend.system_info()} {stamp.get('wheel', '')} {stamp.get('patch_hash', '')} {tiled}"
+    stamp, build = build_stamp() or {}, llama_build()
+    tiled = "tiled" if build["tiled_matmul"] else "untiled"
+    return f"{build['version']} {build['system_info']} {stamp.get('wheel', '')} {stamp.get('patch_hash', '')} {tiled}"
 
 
-def build_facts(model, backend) -> dict[str, str]:
+def build_facts(model) -> dict[str, str]:
     """What :func:`diagnose` quotes about a loaded target and the installed build."""
-    stamp = build_stamp() or {}
+    stamp, build = build_stamp() or {}, llama_build()
     return {
         "weight_type": model.description,
         "buffers": " + ".join(model.weight_buffers) or "?",
         "patched": "yes" if "q4k" in stamp.get("patches", "") else "no",
-        "llamafile": "on" if "LLAMAFILE = 1" in backend.system_info() else "off",
-        "tiled": "on" if backend.tiled_matmul_enabled() else "off",
+        "llamafile": "on" if "LLAMAFILE = 1" in build["system_info"] else "off",
+        "tiled": "on" if build["tiled_matmul"] else "off",
     }
 
 
@@ -293,89 +305,3 @@ def suspects(model, settings) -> dict[str, bool]:
     """Load settings that can break invariance and whether each is in effect for ``model``."""
     repacked = any(kind not in ("CPU", "CPU_Mapped") for kind in model.weight_buffers)
     return {"extra_buffers": bool(model.placement.extra_buffers and repacked), "flash_attention": bool(settings.flash_attention)}
-
-
-def run_doctor(config) -> list[str]:
-    """Human-readable report lines: build, backend, memory, the pair, and measured batch invariance."""
-    import psutil
-
-    from . import __version__
-    from .errors import LocalspecError
-
-    lines = [f"localspec {__version__}"]
-    try:
-        from . import llama_backend as backend
-    except LocalspecError as error:
-        return lines + [f"llama.cpp: NOT AVAILABLE — {error}"]
-    info = backend.system_info()
-    lines.append(f"llama-cpp-python {backend.llama_cpp_version()}")
-    lines.append(f"system info: {info}")
-    llamafile = "LLAMAFILE = 1" in info
-    lines.append(
-        "build flags: llamafile sgemm "
-        + ("ON — batched F32/F16 logits are not bit-identical; rebuild with `make install`" if llamafile else "off (GGML_LLAMAFILE=OFF, as intended)")
-    )
-    lines.append(
-        "tiled K-quant matmul: "
-        + ("ON (GGML_CPU_TILED_MM) — batches of 8+ rows round differently from single rows; unset it"
-           if backend.tiled_matmul_enabled() else "off (GGML_CPU_TILED_MM=0, so every batch size computes like one row)")
-    )
-    stamp = build_stamp()
-    if stamp:
-        patches = stamp.get("patches") or "none"
-        lines.append(f"installed wheel: {stamp.get('wheel', '?')} built with CMAKE_ARGS={stamp.get('cmake_args', '?')!r}, patches: {patches}")
-    else:
-        lines.append("installed wheel: no build record (not installed by `make install`)")
-    backend_name = "CUDA" if "CUDA" in info else "Metal" if "METAL" in info.upper() else "CPU"
-    lines.append(f"backend: {backend_name}; GPU offload {'supported' if backend.gpu_offload_supported() else 'not available'}")
-    settings = backend.LlamaSettings(threads=config.model.threads)
-    lines.append(
-        f"threads: {settings.resolved_threads()} (of {os.cpu_count()} logical CPUs); "
-        f"flash attention {'on' if config.model.flash_attention else 'off'}; n_ctx {config.model.n_ctx}"
-    )
-    memory = psutil.virtual_memory()
-    sizes = []
-    for spec in (config.model.target, config.model.draft):
-        if spec.lower() in ("none", "ngram"):
-            continue
-        path = config.resolve_path(spec)
-        if path.exists():
-            sizes.append(path.stat().st_size)
-    need = sum(sizes)
-    verdict = "enough" if memory.available > need * 1.2 else "NOT enough — expect swapping or a failed load"
-    lines.append(f"memory: {memory.available / 2**30:.1f} GiB free of {memory.total / 2**30:.1f} GiB; models need {need / 2**30:.2f} GiB: {verdict}")
-
-    from .engine import Engine
-
-    try:
-        engine = Engine(config)
-    except LocalspecError as error:
-        return lines + [f"pair: {error}"]
-    try:
-        lines.append(f"pair: {engine.pair_name} — compatible")
-        for model in (engine.target, engine.draft_model):
-            if model is not None:
-                rows = "one row per decode" if model.rows_per_decode == 1 else f"up to {model.rows_per_decode} rows per decode"
-                lines.append(
-                    f"weights ({model.role}): {' + '.join(model.weight_buffers) or '?'} buffers, {rows} — {model.placement.reason}"
-                )
-        report = engine.invariance(refresh=True)  # the doctor measures, never quotes an old measurement
-        lines.append("batch invariance (target): " + report.line())
-        if engine.draft_model is not None:
-            draft_report = measure_model(engine.draft_model)
-            lines.append("batch invariance (draft, informational): " + draft_report.line())
-        if report.identical:
-            lines.append("verdict: greedy and invariant modes reproduce target-only output exactly")
-        else:
-            diagnosis = engine.diagnosis(refresh=True)
-            lines.append(f"cause: {diagnosis.cause}")
-            lines.append(f"fix: {diagnosis.fix}")
-            lines.append(
-                f"verdict: greedy and invariant modes reload the target with {diagnosis.turned_off} "
-                "and then reproduce target-only output exactly"
-                if diagnosis.remedy
-                else "verdict: greedy/invariant output may differ from target-only with this model and build"
-            )
-    finally:
-        engine.close()
-    return lines

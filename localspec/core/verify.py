@@ -6,7 +6,7 @@ is random, the RNG. Rows are anything indexable by position, so callers may
 pass lazy sequences that compute a row only when the rule looks at it (greedy
 needs no softmax at all; rejection never looks past the first rejection).
 
-Rows may be dense probability arrays or :class:`~localspec.sampling.Weights`
+Rows may be dense probability arrays or :class:`~localspec.core.sampling.Weights`
 (unnormalised, the hot path): a rule reads single probabilities, and builds
 full normalised rows only for the residual after a rejection.
 
@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import dense_of, prob_of, sample_index
+from localspec.core.sampling import dense_of, prob_of, sample_index
 
 
 @dataclass
@@ -107,26 +107,16 @@ def verify_onehot(
     return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
 
 
-def verify_greedy(draft: Sequence[int], target_argmax: Sequence[int]) -> Verdict:
-    """T = 0: accept while ``d_i == argmax p_i``; emit the target's argmax at the first mismatch."""
-    checks: list[DraftCheck] = []
-    for i, token in enumerate(draft):
-        best = int(target_argmax[i])
-        accepted = token == best
-        checks.append(DraftCheck(token, float("nan"), float("nan"), float(accepted), None, accepted, best))
-        if not accepted:
-            return Verdict(i, best, False, checks)
-    return Verdict(len(draft), int(target_argmax[len(draft)]), True, checks)
+def verify_picks(draft: Sequence[int], target_picks: Sequence[int]) -> Verdict:
+    """Accept while ``d_i`` equals the target's own pick; at the first mismatch emit that pick.
 
-
-def verify_coupled(draft: Sequence[int], target_picks: Sequence[int]) -> Verdict:
-    """Drafter-invariant mode (Gumbel coupling, Daliri, Musco & Suresh 2024).
-
-    ``target_picks[i] = argmax(log p_i + g_i)`` with noise shared with the
-    draft. Commit the target's picks up to and including the first mismatch,
-    or all of them plus the bonus. No uniforms and no residual: the committed
-    text is a function of the seed alone, whatever the draft proposed.
-    (Mixing this noise with the rejection rule would be biased; never do it.)
+    Greedy decoding (T = 0) passes ``argmax p_i``. The drafter-invariant mode
+    (Gumbel coupling, Daliri, Musco & Suresh 2024) passes ``argmax(log p_i +
+    g_i)`` with noise shared with the draft. Either way the committed text is
+    the target's picks — up to and including the first mismatch, or all of
+    them plus the bonus — so it depends on the seed alone, never on the draft.
+    No uniforms and no residual. (Mixing the Gumbel noise with the rejection
+    rule would be biased; never do it.)
     """
     checks: list[DraftCheck] = []
     for i, token in enumerate(draft):

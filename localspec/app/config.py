@@ -1,7 +1,7 @@
 """Configuration: config.yaml defaults, checked strictly, overridable from flags and the UI.
 
 Each section is a dataclass whose fields declare their range and a one-line
-help (see :mod:`localspec.validation`). Loading rejects unknown keys and
+help (see :mod:`localspec.core.validation`). Loading rejects unknown keys and
 out-of-range values with a message naming the key, so a typo in config.yaml
 never silently falls back to a default.
 """
@@ -16,13 +16,13 @@ from typing import Any, Mapping
 
 import yaml
 
-from .errors import ConfigError
-from .generation import MAX_DRAFT_TOKENS
-from .modes import MODES
-from .sampling import SamplingParams
-from .validation import setting, validate
+from localspec.core.errors import ConfigError
+from localspec.core.loop import MAX_DRAFT_TOKENS
+from localspec.core.modes import MODES
+from localspec.core.sampling import SamplingParams
+from localspec.core.validation import setting, validate
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "config.yaml"
 
 

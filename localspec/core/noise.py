@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from .errors import SamplingError
+from localspec.core.errors import SamplingError
 
 HEAD_NATS = 20.0  #: tokens within this many nats of the best get their own noise
 _MASK64 = (1 << 64) - 1

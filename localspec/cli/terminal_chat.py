@@ -13,32 +13,17 @@ from __future__ import annotations
 import os
 import sys
 import time
-from contextlib import closing
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from .chat import Message, build_messages
-from .config import Config
-from .errors import ConfigError, LocalspecError
-from .events import GenerationResult, StepEvent, TokenEvent
-from .term_render import TokenStyle
-from .trace import TraceWriter
+from localspec.app.config import Config
+from localspec.app.conversation import Conversation, stats_line
+from localspec.cli.interrupt import cancel_on_interrupt
+from localspec.cli.term_render import TokenStyle
+from localspec.core.errors import ConfigError, LocalspecError
+from localspec.core.events import TokenEvent
 
 PROMPT = "you> "
-
-
-@dataclass
-class Turn:
-    """One exchange, with every event of the reply (kept for /stats and /save)."""
-
-    user: str
-    reply: str
-    prompt_text: str
-    n_prompt: int
-    options: dict[str, Any]
-    events: list[TokenEvent | StepEvent] = field(default_factory=list)
-    result: GenerationResult | None = None
 
 
 # ----------------------------------------------------------------------
@@ -143,11 +128,7 @@ class ChatSession:
         self.reader = reader
         self.out = out or sys.stdout
         self.chrome = chrome or self.out  # banner, stats and notes
-        self.system = config.chat.system_prompt
-        self.turns: list[Turn] = []
-        self.dropped = 0  # oldest turns left out of the prompt because the context is full
-        self._t_target: float | None = None
-        self._warned: set[tuple[str, bool]] = set()
+        self.conversation = Conversation()
 
     # -- output helpers ---------------------------------------------------
     def say(self, text: str = "") -> None:
@@ -204,8 +185,7 @@ class ChatSession:
             self.say(HELP)
             self.note(self.settings_line())
         elif name == "/reset":
-            self.turns.clear()
-            self.dropped = 0
+            self.conversation.clear()
             self.note("conversation cleared")
         elif name == "/system":
             self.set_system(arg)
@@ -225,9 +205,10 @@ class ChatSession:
 
     def set_system(self, arg: str) -> None:
         if not arg:
-            self.note(f"system prompt: {self.system!r}" if self.system else "system prompt: the template's default")
+            system = self.conversation.system_prompt(self.config)
+            self.note(f"system prompt: {system!r}" if system else "system prompt: the template's default")
             return
-        self.system = "" if arg.lower() == "default" else arg
+        self.conversation.system = "" if arg.lower() == "default" else arg
         self.note("system prompt set; the next reply re-reads the whole conversation")
 
     def set_setting(self, name: str, arg: str) -> None:
@@ -250,124 +231,56 @@ class ChatSession:
         self.note(self.settings_line())
 
     # -- one reply --------------------------------------------------------
-    def messages(self, user: str) -> list[Message]:
-        history = [(t.user, t.reply) for t in self.turns[self.dropped :]]
-        return build_messages(self.system, history, user)
-
-    def prepare(self, user: str):
-        """The prompt for this turn; drops the oldest turns when the conversation outgrows the context."""
-        n_ctx = self.engine.target.context_size
-        reserve = max(1, min(self.config.sampling.max_tokens, n_ctx // 4))
-        dropped_before = self.dropped
-        while True:
-            prepared = self.engine.encode_chat(self.messages(user))
-            if len(prepared.tokens) + reserve <= n_ctx or self.dropped >= len(self.turns):
-                break
-            self.dropped += 1
-        if self.dropped > dropped_before:
-            self.note(f"(the context is full: the oldest {self.dropped} turn(s) are left out of the prompt)")
-        if len(prepared.tokens) >= n_ctx:
-            raise ConfigError(
-                f"this message needs {len(prepared.tokens)} tokens but the context holds {n_ctx}; "
-                "shorten it or restart with a larger --ctx"
-            )
-        return prepared
-
     def reply(self, user: str) -> None:
-        from .cli import cancel_on_interrupt
-
+        """Stream one reply; Ctrl-C stops it after the current step and keeps the partial text."""
+        wrote, told = "", False
         try:
-            prepared = self.prepare(user)
-            params = self.config.sampling.params()
-            options = self.engine.options(self.config)
-            self.warn_invariance(options, params)
-        except LocalspecError as error:
+            with cancel_on_interrupt() as cancel:
+                for event in self.conversation.reply(self.engine, self.config, user, cancel):
+                    if not told:  # the turn's notes (old turns left out, the target reloaded) come first
+                        told = True
+                        for line in self.conversation.turns[-1].trace.notice.splitlines():
+                            (self.problem if line.startswith("warning") else self.note)(line)
+                    if isinstance(event, TokenEvent) and event.text:
+                        self.out.write(self.style.token(event.text, event.status))
+                        self.out.flush()
+                        wrote += event.text
+        except LocalspecError as error:  # settings or a message too long: nothing was added
             self.problem(f"error: {error}")
             return
-        turn = Turn(user, "", prepared.text, len(prepared.tokens), asdict(options) | {"stop": list(options.stop)})
-        self.turns.append(turn)  # kept even if the reply is cut short: the partial text is the answer
-        wrote = ""
-        try:
-            with cancel_on_interrupt() as cancel, closing(self.engine.stream(prepared.tokens, options, params, cancel)) as events:
-                for event in events:
-                    if isinstance(event, TokenEvent):
-                        turn.events.append(event)
-                        if event.text:
-                            self.out.write(self.style.token(event.text, event.status))
-                            self.out.flush()
-                            wrote += event.text
-                            turn.reply = wrote
-                    elif isinstance(event, StepEvent):
-                        turn.events.append(event)
-                    elif isinstance(event, GenerationResult):
-                        turn.result = event
-                        turn.reply = event.text
-        except LocalspecError as error:
-            self.out.write("\n" if wrote and not wrote.endswith("\n") else "")
-            self.problem(f"error: {error}")
-            return
+        trace = self.conversation.turns[-1].trace
         if not wrote.endswith("\n"):
             self.out.write("\n")
         self.out.flush()
-        if turn.result is not None:
-            if turn.result.stop_reason == "cancelled":
+        if trace.error:
+            self.problem(f"error: {trace.error}")
+        elif trace.result is not None:
+            if trace.result["stop_reason"] == "cancelled":
                 self.note("(stopped: the partial reply is kept in the conversation)")
-            self.note(self.stats_line(turn.result))
-
-    def warn_invariance(self, options, params) -> None:
-        """Once per mode: say when greedy/invariant output may differ from target-only on this build."""
-        key = (options.mode, params.greedy)
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        warning = self.engine.ensure_invariance(options, params)
-        if warning:
-            self.problem(warning)
+            t_target = self.engine.target_token_seconds(measure=False)
+            self.note(stats_line(trace.stats(), trace.result["stop_reason"], t_target))
 
     # -- statistics -------------------------------------------------------
-    def target_seconds(self) -> float | None:
-        """The target's own cost per token, measured once (after a reply, so loading noise is gone)."""
-        if self._t_target is None:
-            try:
-                self._t_target = self.engine.target_token_seconds()
-            except LocalspecError:
-                return None
-        return self._t_target
-
-    def stats_line(self, result: GenerationResult) -> str:
-        s = result.stats
-        parts = [f"{s.n_tokens} tokens", f"{s.tokens_per_second:.1f} tok/s"]
-        if s.drafted:
-            parts += [f"acceptance {s.acceptance_rate:.0%}", f"{s.tokens_per_step:.2f} tokens/step"]
-            t_target = self.target_seconds() if s.n_tokens else None
-            if t_target:
-                parts.append(f"{s.tokens_per_second * t_target:.2f}x vs target alone")
-        elif s.mode == "target-only":
-            parts.append("target only")
-        parts.append(f"prompt {s.n_prompt} ({s.n_prompt_evaluated + 1} new)")
-        parts.append(f"stop: {result.stop_reason}")
-        return "[" + " · ".join(parts) + "]"
-
     def stats_table(self) -> str:
         """Per-position acceptance over the conversation, plus totals."""
-        results = [t.result for t in self.turns if t.result is not None]
-        if not results:
+        replies = self.conversation.stats()
+        if not replies:
             return "no replies yet"
         drafted: list[int] = []
         accepted: list[int] = []
-        for r in results:
-            for i, (d, a) in enumerate(zip(r.stats.drafted_by_position, r.stats.accepted_by_position)):
+        for stats in replies:
+            for i, (d, a) in enumerate(zip(stats.drafted_by_position, stats.accepted_by_position)):
                 if i == len(drafted):
                     drafted.append(0)
                     accepted.append(0)
                 drafted[i] += d
                 accepted[i] += a
-        tokens = sum(r.stats.n_tokens for r in results)
-        steps = sum(r.stats.steps for r in results)
-        n_drafted = sum(r.stats.drafted for r in results)
-        n_accepted = sum(r.stats.accepted for r in results)
-        decode_s = sum(r.stats.decode_s for r in results)
-        lines = [f"{len(results)} replies · {tokens} tokens · {steps} steps"
+        tokens = sum(stats.n_tokens for stats in replies)
+        steps = sum(stats.steps for stats in replies)
+        n_drafted = sum(stats.drafted for stats in replies)
+        n_accepted = sum(stats.accepted for stats in replies)
+        decode_s = sum(stats.decode_s for stats in replies)
+        lines = [f"{len(replies)} replies · {tokens} tokens · {steps} steps"
                  + (f" · {tokens / steps:.2f} tokens/step" if steps else "")
                  + (f" · {tokens / decode_s:.1f} tok/s" if decode_s > 0 else "")]  # fmt: skip
         if not n_drafted:
@@ -383,64 +296,23 @@ class ChatSession:
 
     # -- /save ------------------------------------------------------------
     def save(self, arg: str) -> None:
-        if not self.turns:
+        """Write the conversation as one trace (a given folder must exist; the default one is made)."""
+        if not any(t.trace is not None for t in self.conversation.turns):
             self.note("nothing to save yet")
             return
         if arg:
             path = Path(os.path.expanduser(arg))
             path = path if path.is_absolute() else Path.cwd() / path
         else:
-            path = self.config.resolve_path(self.config.trace.dir) / time.strftime("chat-%Y%m%d-%H%M%S.jsonl")
+            folder = self.config.resolve_path(self.config.trace.dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / time.strftime("chat-%Y%m%d-%H%M%S.jsonl")
         try:
-            n_lines = write_conversation(path, self)
-        except OSError as error:
-            self.problem(f"error: cannot write {path} ({error.strerror}); choose another path")
+            whole = self.conversation.save(path, self.config)
+        except (LocalspecError, OSError) as error:
+            self.problem(f"error: {error}")
             return
-        self.note(f"saved {len(self.turns)} turn(s), {n_lines} lines, to {path}")
-
-
-class _ConversationWriter(TraceWriter):
-    """A trace with a ``turn`` line before each reply's events."""
-
-    def marker(self, obj: dict[str, Any]) -> None:
-        self._write(obj)
-
-
-def write_conversation(path: Path, session: ChatSession) -> int:
-    """JSONL: a trace header holding the conversation, then per turn a ``turn`` line and its events.
-
-    It is a regular localspec trace (``read_trace`` reads it; the step/token
-    lines of all turns follow each other), so the same tools replay it.
-    """
-    engine = session.engine
-    last = session.turns[-1]
-    messages = [Message("system", session.system)] if session.system else []
-    for t in session.turns:
-        messages += [Message("user", t.user), Message("assistant", t.reply)]
-    header = {
-        "target": engine.target.name,
-        "draft": engine.drafter.name if engine.drafter is not None else "none",
-        "config": session.config.to_dict(),
-        "options": last.options,
-        "prompt_text": last.prompt_text,
-        "conversation": [m.as_dict() for m in messages],
-        "turns": len(session.turns),
-    }
-    if session.dropped:
-        header["prompt_window_starts_at_turn"] = session.dropped
-    count = 1
-    with _ConversationWriter(path, header) as writer:
-        for number, turn in enumerate(session.turns):
-            writer.marker({"kind": "turn", "turn": number, "user": turn.user, "reply": turn.reply,
-                           "n_prompt": turn.n_prompt, "options": turn.options})  # fmt: skip
-            count += 1
-            for event in turn.events:
-                writer.write(event)
-                count += 1
-            if turn.result is not None:
-                writer.write(turn.result)
-                count += 1
-    return count
+        self.note(f"saved {whole.header['turns']} turn(s), {len(whole.events) + 1} lines, to {path}")
 
 
 # ----------------------------------------------------------------------

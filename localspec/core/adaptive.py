@@ -26,8 +26,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from .errors import ConfigError
-from .perf import expected_tokens_per_step
+from localspec.core.errors import ConfigError
+from localspec.core.perf import expected_tokens_per_step
 
 
 @dataclass

@@ -13,10 +13,9 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
-from .catalog import resolve_pair
-from .chat import ChatTemplate, Message
-from .config import Config
-from .doctor import (
+from localspec.app.catalog import resolve_pair
+from localspec.app.config import Config
+from localspec.app.invariance import (
     Diagnosis,
     InvarianceReport,
     build_facts,
@@ -27,10 +26,11 @@ from .doctor import (
     save_cached,
     suspects,
 )
-from .drafters import Drafter, ModelDrafter, NgramDrafter
-from .errors import ModelError
-from .events import GenerationResult, StepEvent, TokenEvent
-from .generation import GenerationOptions, SpeculativeDecoder
+from localspec.app.templates import ChatTemplate, Message, build_messages
+from localspec.core.drafters import Drafter, ModelDrafter, NgramDrafter
+from localspec.core.errors import ConfigError, ModelError
+from localspec.core.events import GenerationResult, StepEvent, TokenEvent
+from localspec.core.loop import GenerationOptions, SpeculativeDecoder
 
 Progress = Callable[[str, float], None]
 
@@ -47,15 +47,12 @@ class Engine:
     """Target model, optional drafter, chat template and the loop."""
 
     def __init__(self, config: Config, progress: Progress | None = None) -> None:
-        from . import llama_backend as backend  # imported here: config/--help never load llama.cpp
-
         config = resolve_pair(config)
         self.config = config
-        self.backend = backend
         self.settings = llama_settings(config)
         self.lock = threading.Lock()
         self.target_path = config.resolve_path(config.model.target)
-        self.target = backend.LlamaModel(self.target_path, self.settings, "target", _stage(progress, "target"))
+        self.target = load_model(self.target_path, self.settings, "target", _stage(progress, "target"))
         self.draft_model = None
         try:
             self.drafter = self._make_drafter(config, progress)
@@ -76,6 +73,7 @@ class Engine:
         )
         self._invariance: InvarianceReport | None = None
         self._target_token_s: float | None = None
+        self._ngram_decoder: SpeculativeDecoder | None = None
 
     def _make_drafter(self, config: Config, progress: Progress | None) -> Drafter | None:
         spec = config.model.draft.strip()
@@ -84,9 +82,11 @@ class Engine:
         if spec.lower() == "ngram":
             return NgramDrafter(max_ngram=config.speculative.ngram_max)
         path = config.resolve_path(spec)
-        self.draft_model = self.backend.LlamaModel(path, self.settings, "draft", _stage(progress, "draft"))
+        self.draft_model = load_model(path, self.settings, "draft", _stage(progress, "draft"))
         try:
-            self.backend.check_pair(self.target, self.draft_model)
+            from localspec.llama.pair import check_pair
+
+            check_pair(self.target, self.draft_model)
         except Exception:
             self.draft_model.close()
             self.draft_model = None
@@ -94,6 +94,19 @@ class Engine:
         return ModelDrafter(self.draft_model, vocab_size=max(self.target.vocab_size, self.draft_model.vocab_size))
 
     # ------------------------------------------------------------------
+    def pair_warning(self) -> str | None:
+        """A draft model at least as large as its target cannot make anything faster: say so at load."""
+        if self.draft_model is None:
+            return None
+        target_mb, draft_mb = self.target.size_bytes / 2**20, self.draft_model.size_bytes / 2**20
+        if draft_mb < target_mb:
+            return None
+        return (
+            f"warning: the draft {self.draft_model.name} ({draft_mb:.0f} MiB) is not smaller than the target "
+            f"{self.target.name} ({target_mb:.0f} MiB), so speculation can only be slower; swap them "
+            "(--target/--draft) or choose a smaller draft"
+        )
+
     @property
     def pair_name(self) -> str:
         draft = self.drafter.name if self.drafter is not None else "no draft"
@@ -114,6 +127,16 @@ class Engine:
         bos_text = self.template.bos_token
         add_bos = self.target.adds_bos and not (bos_text and text.startswith(bos_text))
         return PreparedPrompt(self.target.tokenize(text, add_special=add_bos, parse_special=True), text)
+
+    def encode_prompt(
+        self, config: Config, history: Sequence[tuple[str, str]], user: str, system: str | None = None
+    ) -> PreparedPrompt:
+        """The prompt every front end sends: the chat template over ``history`` and ``user`` (with
+        ``system``, default the config's), or ``user`` as raw text when ``chat.chat_template`` is off."""
+        if not config.chat.chat_template:
+            return self.encode_raw(user)
+        system = config.chat.system_prompt if system is None else system
+        return self.encode_chat(build_messages(system, list(history), user))
 
     def encode_raw(self, text: str) -> PreparedPrompt:
         """Raw text prompt: BOS as the model wants it, special-token text left as plain text."""
@@ -144,13 +167,27 @@ class Engine:
         options: GenerationOptions,
         params=None,
         cancel: threading.Event | None = None,
+        drafter: str | None = None,
     ) -> Iterator[TokenEvent | StepEvent | GenerationResult]:
-        """Run one request; holds the engine lock for its whole duration."""
-        params = params if params is not None else self.config.sampling.params()
-        with self.lock:
-            yield from self.decoder.stream(prompt, params, options, cancel)
+        """Run one request; holds the engine lock for its whole duration.
 
-    def target_token_seconds(self, samples: int = 6) -> float:
+        ``drafter``: None for the loaded pair's, or ``"ngram"`` for prompt lookup on the same target
+        (the benchmark compares both in one run).
+        """
+        params = params if params is not None else self.config.sampling.params()
+        decoder = self.decoder if drafter is None else self._decoder_with(drafter)
+        with self.lock:
+            yield from decoder.stream(prompt, params, options, cancel)
+
+    def _decoder_with(self, drafter: str) -> SpeculativeDecoder:
+        if drafter != "ngram":
+            raise ConfigError(f"drafter {drafter!r} is unknown; use None (the pair's) or 'ngram'")
+        if self._ngram_decoder is None or self._ngram_decoder.target is not self.target:
+            lookup = NgramDrafter(max_ngram=self.config.speculative.ngram_max)
+            self._ngram_decoder = SpeculativeDecoder(self.target, self.target, lookup)
+        return self._ngram_decoder
+
+    def target_token_seconds(self, samples: int = 6, measure: bool = True) -> float | None:
         """Seconds the target takes for one token on its own: the target-only cost of DESIGN §7.
 
         Measured once (the fastest of ``samples`` single-token decodes appended
@@ -158,9 +195,10 @@ class Engine:
         estimated without running a whole target-only reply. The minimum, not
         the median: a decode that another process slowed down would otherwise
         inflate every speedup shown for this pair; the minimum can only make
-        them conservative.
+        them conservative. ``measure=False`` only returns a measurement already made (mid-reply the
+        lock is held, so it must not measure).
         """
-        if self._target_token_s is None:
+        if self._target_token_s is None and measure:
             import time
 
             with self.lock:
@@ -185,7 +223,7 @@ class Engine:
     def _invariance_key(self) -> tuple[dict, str]:
         settings = {"flash_attention": self.settings.flash_attention, "threads": self.target.threads,
                     "n_gpu_layers": self.settings.n_gpu_layers, "buffers": list(self.target.weight_buffers)}  # fmt: skip
-        return settings, build_id(self.backend)
+        return settings, build_id()
 
     def invariance(self, measure: bool = True, refresh: bool = False) -> InvarianceReport | None:
         """Is the target batch-invariant on this build? Cached per file, setting and build (``refresh``: measure anew)."""
@@ -212,9 +250,9 @@ class Engine:
             return cached[1]
 
         def load(overrides: dict):
-            return self.backend.LlamaModel(self.target_path, replace(self.settings, **overrides), "target")
+            return load_model(self.target_path, replace(self.settings, **overrides), "target")
 
-        found = diagnose(report, load, suspects(self.target, self.settings), build_facts(self.target, self.backend))
+        found = diagnose(report, load, suspects(self.target, self.settings), build_facts(self.target))
         save_cached(self.target_path, settings, build, report, found)
         return found
 
@@ -251,7 +289,7 @@ class Engine:
     def _reload_target(self, overrides: dict) -> None:
         """Swap in the target loaded with ``overrides``; its KV cache starts empty."""
         settings = replace(self.settings, **overrides)
-        target = self.backend.LlamaModel(self.target_path, settings, "target")
+        target = load_model(self.target_path, settings, "target")
         with self.lock:
             old, self.target, self.settings = self.target, target, settings
             self.decoder = SpeculativeDecoder(self.target, self.target, self.drafter)
@@ -261,7 +299,7 @@ class Engine:
 
 def llama_settings(config: Config):
     """llama.cpp's load and context settings from the ``model`` section (shared with the benchmarks)."""
-    from .llama_backend import LlamaSettings
+    from localspec.llama.model import LlamaSettings
 
     model = config.model
     return LlamaSettings(
@@ -272,6 +310,20 @@ def llama_settings(config: Config):
         flash_attention=model.flash_attention,
         use_mmap=model.use_mmap,
     )
+
+
+def load_model(path, settings, role: str, on_progress: Callable[[float], None] | None = None):
+    """One GGUF model with llama.cpp (imported on first use: config checks and --help never load it)."""
+    from localspec.llama.model import LlamaModel
+
+    return LlamaModel(path, settings, role, on_progress)
+
+
+def reference_generator(engine: "Engine", num_pred_tokens: int = 10):
+    """llama-cpp-python's own generation on the engine's target file and settings (the bench's outside reference)."""
+    from localspec.llama.reference import ReferenceGenerator
+
+    return ReferenceGenerator(engine.target_path, engine.settings, num_pred_tokens=num_pred_tokens)
 
 
 def _stage(progress: Progress | None, stage: str) -> Callable[[float], None] | None:

@@ -34,8 +34,8 @@ from typing import Any, Callable
 
 import yaml
 
-from .config import PROJECT_ROOT, Config
-from .errors import ConfigError, ModelError
+from localspec.app.config import PROJECT_ROOT, Config
+from localspec.core.errors import ConfigError, ModelError
 
 CATALOG_FILE = PROJECT_ROOT / "models" / "catalog.yaml"
 Progress = Callable[[str, int, int], None]  # (label, done, total)
@@ -294,7 +294,7 @@ class Preparer:
             elif "derive" in source:
                 origin = self.ensure(source["derive"])
                 self.say(f"{name}: converting {origin.name} to {source['type']} with llama.cpp")
-                from .llama_backend import quantize  # only this step needs llama.cpp
+                from localspec.llama.quantize import quantize  # only this step needs llama.cpp
 
                 quantize(origin, tmp, source["type"])
             else:

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import SamplingError
-from .validation import setting, validate
+from localspec.core.errors import SamplingError
+from localspec.core.validation import setting, validate
 
 #: Top-p needs the sorted head of the distribution; sorting the whole
 #: vocabulary (~2 ms at 150k tokens) is only done when this head is too short.

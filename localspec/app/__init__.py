@@ -1,0 +1,1 @@
+"""What every front end shares: engine, config, catalog, conversation, traces, invariance."""

@@ -1,0 +1,358 @@
+"""One GGUF model and its context, through llama-cpp-python's low-level API.
+
+One :class:`LlamaModel` owns one model and one context (sequence 0). It
+implements the loop's :class:`~localspec.core.model.LanguageModel` and
+:class:`~localspec.core.model.Vocabulary` protocols:
+
+* ``extend`` submits tokens with ``llama_decode`` in ``n_batch`` chunks and
+  asks for logits only on the rows the sampler needs — never ``logits_all``,
+  which would store ``n_ctx x n_vocab`` floats and run the output layer on
+  every prompt token.
+* ``truncate`` removes positions with ``llama_memory_seq_rm`` and checks its
+  result: recurrent and hybrid memories cannot drop a suffix, and a silent
+  failure there would leave rejected tokens in the cache (DESIGN §2, bug 4).
+* Model loads and decodes of every model run on one thread
+  (:class:`localspec.llama.runtime.ComputeThread`), whichever thread asks for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from localspec.core.errors import IncompatiblePairError, ModelError, PromptTooLongError
+from localspec.llama.placement import WeightPlacement, weight_placement
+from localspec.llama.runtime import C, compute, log
+
+GGUF_MAGIC = b"GGUF"
+_VOCAB_TYPES = {0: "none", 1: "SentencePiece (SPM)", 2: "byte-level BPE", 3: "WordPiece", 4: "Unigram (T5)", 5: "RWKV", 6: "PLaMo-2"}
+
+
+@dataclass(frozen=True)
+class LlamaSettings:
+    """What a context is created with (from the ``model`` section of the config)."""
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    threads: int = 0
+    n_gpu_layers: int = -1
+    flash_attention: bool = False
+    use_mmap: bool = True
+    extra_buffers: bool | None = None  # None: decided per role by weight_placement; False/True: forced
+
+    def resolved_threads(self) -> int:
+        if self.threads > 0:
+            return self.threads
+        try:
+            import psutil
+
+            return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+        except ImportError:  # pragma: no cover
+            return max(1, os.cpu_count() or 1)
+
+
+def check_gguf_file(path: Path, role: str) -> None:
+    """Fail early, with a fix, for the common bad files: missing, a folder, not GGUF, too short."""
+    hint = "run `localspec models prepare` for the demo pair, or set model.%s in config.yaml" % role
+    if not path.exists():
+        raise ModelError(f"{role} model {path} does not exist; {hint}")
+    if path.is_dir():
+        raise ModelError(f"{role} model {path} is a folder, not a .gguf file; {hint}")
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"{role} model {path} is not a GGUF file (starts with {magic!r}); {hint}")
+    if size < 1024:
+        raise ModelError(f"{role} model {path} is truncated ({size} bytes); {hint}")
+
+
+# ----------------------------------------------------------------------
+# the model
+# ----------------------------------------------------------------------
+class LlamaModel:
+    """One GGUF model with one context; a :class:`LanguageModel` and a :class:`Vocabulary`."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        settings: LlamaSettings = LlamaSettings(),
+        role: str = "target",
+        on_progress: Callable[[float], None] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.role = role
+        self.name = self.path.name
+        self.settings = settings
+        self._lock = threading.RLock()
+        check_gguf_file(self.path, role)
+
+        mparams = C.llama_model_default_params()
+        mparams.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999_999
+        mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP if settings.use_mmap else C.LLAMA_LOAD_MODE_NONE
+        if settings.extra_buffers is None:
+            self.placement = weight_placement(role)
+        else:
+            state = "on" if settings.extra_buffers else "off"
+            self.placement = WeightPlacement(settings.extra_buffers, False, f"extra buffers {state} (chosen for batch invariance)")
+        mparams.use_extra_bufts = self.placement.extra_buffers
+        if on_progress is not None:
+
+            def _progress(value: float, _user: ctypes.c_void_p) -> bool:
+                on_progress(float(value))
+                return True
+
+            self._progress_cb = C.llama_progress_callback(_progress)
+            mparams.progress_callback = self._progress_cb
+        log().lines.clear()
+        log().model_buffers.clear()
+        self._model = compute(C.llama_model_load_from_file, str(self.path).encode("utf-8"), mparams)
+        if not self._model:
+            detail = log().last_error()
+            raise ModelError(
+                f"{role} model {self.path} could not be loaded"
+                + (f" (llama.cpp: {detail})" if detail else "")
+                + "; the file is truncated or corrupt — re-download it or run `localspec models prepare`"
+            )
+        self.weight_buffers = tuple(log().model_buffers)  # e.g. ("AMX", "CPU_Mapped")
+        self._vocab = C.llama_model_get_vocab(self._model)
+        self._n_vocab = int(C.llama_vocab_n_tokens(self._vocab))
+        if C.llama_model_is_recurrent(self._model) or C.llama_model_is_hybrid(self._model):
+            kind = "recurrent" if C.llama_model_is_recurrent(self._model) else "hybrid"
+            self.close()
+            raise IncompatiblePairError(
+                f"{role} model {self.path.name} is a {kind} model; its memory cannot drop rejected "
+                "tokens, so speculative decoding cannot roll back — use a transformer model"
+            )
+        n_ctx_train = int(C.llama_model_n_ctx_train(self._model))
+        cparams = C.llama_context_default_params()
+        cparams.n_ctx = settings.n_ctx
+        cparams.n_batch = settings.n_batch
+        cparams.n_ubatch = settings.n_batch
+        cparams.n_seq_max = 1
+        threads = settings.resolved_threads()
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.flash_attn_type = (
+            C.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attention else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        cparams.no_perf = True
+        self._ctx = compute(C.llama_init_from_model, self._model, cparams)
+        if not self._ctx:
+            detail = log().last_error()
+            self.close()
+            raise ModelError(
+                f"could not create a context of {settings.n_ctx} tokens for {self.path.name}"
+                + (f" (llama.cpp: {detail})" if detail else "")
+                + "; lower model.n_ctx or free memory"
+            )
+        self._memory = C.llama_get_memory(self._ctx)
+        self._n_ctx = int(C.llama_n_ctx(self._ctx))  # llama.cpp rounds up to a multiple of 256
+        self._n_batch = int(C.llama_n_batch(self._ctx))  # and caps the batch at the requested n_ctx
+        self.n_ctx_train = n_ctx_train
+        self.threads = threads
+        self._batch = C.llama_batch_init(self._n_batch, 0, 1)
+        # one row per decode only where the AMX buffer really holds weights (see weight_placement)
+        self.rows_per_decode = 1 if self.placement.one_row_per_decode and "AMX" in self.weight_buffers else self._n_batch
+        self._tokens: list[int] = []
+        self._pieces: dict[int, bytes] = {}
+        self._decode_s = 0.0
+        self.n_evaluated = 0  # tokens evaluated over the model's lifetime (KV-reuse tests and stats)
+
+    # -- lifecycle ---------------------------------------------------------
+    def close(self) -> None:
+        """Free the context and the model (idempotent)."""
+        batch = getattr(self, "_batch", None)
+        if batch is not None:
+            C.llama_batch_free(batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            C.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            C.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # -- LanguageModel -----------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._n_vocab
+
+    @property
+    def context_size(self) -> int:
+        return self._n_ctx
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    @property
+    def decode_seconds(self) -> float:
+        """Seconds spent inside ``llama_decode`` and ``llama_memory_seq_rm`` (not logits copies or Python)."""
+        return self._decode_s
+
+    def extend(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """Evaluate ``tokens`` after the cache; return logits (float32) of the last ``n_logits``."""
+        tokens = [int(t) for t in tokens]
+        n = len(tokens)
+        if n_logits > n:
+            raise ValueError(f"asked for {n_logits} logit rows from {n} tokens")
+        if len(self._tokens) + n > self._n_ctx:
+            raise PromptTooLongError(
+                f"{len(self._tokens) + n} tokens do not fit the {self._n_ctx}-token context of "
+                f"{self.name}; shorten the prompt or raise model.n_ctx"
+            )
+        bad = [t for t in tokens if not 0 <= t < self._n_vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.name} ({self._n_vocab})")
+        out = np.empty((n_logits, self._n_vocab), dtype=np.float32)
+        first_logit = n - n_logits
+        chunk = self.rows_per_decode
+        with self._lock:
+            for start in range(0, n, chunk):
+                part = tokens[start : start + chunk]
+                self._decode(part, start, first_logit)
+                rows = start + len(part) - max(start, first_logit)
+                if rows > 0:
+                    # the requested rows are contiguous in llama.cpp's output buffer: one copy
+                    ptr = C.llama_get_logits_ith(self._ctx, max(start, first_logit) - start)
+                    dst = max(start, first_logit) - first_logit
+                    out[dst : dst + rows] = np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
+                self._tokens.extend(part)
+        self.n_evaluated += n
+        return out
+
+    def _decode(self, part: list[int], offset: int, first_logit: int) -> None:
+        batch = self._batch
+        pos0 = len(self._tokens)
+        batch.n_tokens = len(part)
+        for i, token in enumerate(part):
+            batch.token[i] = token
+            batch.pos[i] = pos0 + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = offset + i >= first_logit
+        started = time.perf_counter()
+        code = compute(C.llama_decode, self._ctx, batch)
+        self._decode_s += time.perf_counter() - started  # only llama.cpp's own time counts as decode time
+        if code != 0:
+            # llama.cpp restores the memory on failure; make sure we agree with it
+            self._remove_from(pos0)
+            reason = {1: "no room left in the context (KV cache full)", 2: "aborted"}.get(code, f"error {code}")
+            raise ModelError(f"llama_decode failed on {self.name}: {reason}")
+
+    def truncate(self, n_keep: int) -> None:
+        """Keep the first ``n_keep`` cached positions; drop the rest from the KV memory."""
+        if n_keep >= len(self._tokens):
+            return
+        started = time.perf_counter()
+        with self._lock:
+            self._remove_from(n_keep)
+        self._decode_s += time.perf_counter() - started
+
+    def _remove_from(self, position: int) -> None:
+        if not C.llama_memory_seq_rm(self._memory, 0, position, -1):
+            raise ModelError(
+                f"{self.name}: llama_memory_seq_rm refused to remove positions {position}.. "
+                "(this memory type cannot roll back); speculative decoding is impossible with this model"
+            )
+        del self._tokens[position:]
+
+    def kv_positions(self) -> tuple[int, int]:
+        """(lowest, highest) position llama.cpp holds for the sequence; (-1, -1) when empty."""
+        return int(C.llama_memory_seq_pos_min(self._memory, 0)), int(C.llama_memory_seq_pos_max(self._memory, 0))
+
+    def reset(self) -> None:
+        """Forget the whole cache."""
+        with self._lock:
+            C.llama_memory_clear(self._memory, True)
+            self._tokens.clear()
+
+    # -- Vocabulary --------------------------------------------------------
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._piece(token, special=False)
+        return piece
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        size = 64
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = C.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
+            if n >= 0:
+                return buf.raw[:n]
+            size = -n
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry itself (as stored in the GGUF), for compatibility checks."""
+        return C.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self._vocab, token))
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 16
+        while True:
+            buf = (C.llama_token * capacity)()
+            n = C.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+            if n >= 0:
+                return list(buf[:n])
+            capacity = -n
+
+    # -- facts about the model -----------------------------------------------
+    @property
+    def vocab_type(self) -> str:
+        code = int(C.llama_vocab_type(self._vocab))
+        return _VOCAB_TYPES.get(code, f"type {code}")
+
+    @property
+    def bos(self) -> int:
+        return int(C.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos(self) -> int:
+        return int(C.llama_vocab_eos(self._vocab))
+
+    @property
+    def eot(self) -> int:
+        return int(C.llama_vocab_eot(self._vocab))
+
+    @property
+    def adds_bos(self) -> bool:
+        return bool(C.llama_vocab_get_add_bos(self._vocab))
+
+    def special_text(self, token: int) -> str:
+        return "" if token < 0 else self._piece(token, special=True).decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        raw = C.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = C.llama_model_meta_val_str(self._model, key.encode(), buf, 4096)
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    @property
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        C.llama_model_desc(self._model, buf, 256)
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def size_bytes(self) -> int:
+        return int(C.llama_model_size(self._model))

@@ -1,0 +1,27 @@
+"""Derive a smaller-precision GGUF from a larger one with llama.cpp's own quantizer (the demo pairs)."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+from localspec.core.errors import ModelError
+from localspec.llama.runtime import C, log
+
+_FTYPES = {"F32": "LLAMA_FTYPE_ALL_F32", "F16": "LLAMA_FTYPE_MOSTLY_F16", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+           "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "Q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}  # fmt: skip
+
+
+def quantize(source: Path, destination: Path, kind: str, threads: int = 0) -> None:
+    """Convert a GGUF to another weight type with ``llama_model_quantize`` (requantizing allowed)."""
+    if kind not in _FTYPES:
+        raise ModelError(f"weight type {kind!r} is not supported; use one of {', '.join(_FTYPES)}")
+    params = C.llama_model_quantize_default_params()
+    params.ftype = getattr(C, _FTYPES[kind])
+    params.allow_requantize = True
+    params.nthread = threads
+    log().lines.clear()
+    code = C.llama_model_quantize(str(source).encode(), str(destination).encode(), ctypes.byref(params))
+    if code != 0:
+        detail = log().last_error()
+        raise ModelError(f"converting {source.name} to {kind} failed" + (f" (llama.cpp: {detail})" if detail else ""))

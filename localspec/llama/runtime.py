@@ -1,0 +1,147 @@
+"""llama.cpp's process-wide state: the library, its log, the one compute thread, and build facts.
+
+Nothing happens on import: :func:`start` (called by the first model load,
+and by anything that asks about the build) sets the environment llama.cpp
+reads, installs the log callback, initialises the backend and starts the
+compute thread, once per process.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import functools
+import os
+import sys
+import threading
+from collections import deque
+from typing import Any, Callable
+
+from localspec.core.errors import ModelError
+
+try:
+    import llama_cpp.llama_cpp as C  # noqa: N812 - the C API, named as in llama.cpp's docs
+except ImportError as _error:  # pragma: no cover - exercised only on a broken install
+    raise ModelError(
+        f"llama-cpp-python is not importable ({_error}); run `make install` to build it"
+    ) from None
+
+# llama.cpp's CPU backend computes K-quant matmuls of 8 or more rows with a "tiled" kernel and
+# fewer rows with vec_dot; the two round differently, so a verification batch of K >= 7 drafts
+# would not score tokens as the target alone does (measured: Qwen2.5 Q4_K_M, max |diff| 0.38 at
+# 8+ rows). Off, every batch size computes like a single row. Cost, measured on two cores: single
+# tokens and batches up to 9 rows unchanged, 17 rows ~12% slower, prompt evaluation 10-20% slower.
+# Read once by llama.cpp at its first matmul; an explicit GGML_CPU_TILED_MM=1 wins (the doctor says so).
+TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
+
+
+class ComputeThread:
+    """The one OS thread that runs llama.cpp's computations (model loads, decodes), whoever asks.
+
+    The CPU backend is built with OpenMP, and libgomp keeps a pool of worker
+    threads for every thread that ever opened a parallel region. Once the
+    threads it manages outnumber the CPUs, every barrier stops spinning and
+    sleeps in the kernel instead — and a decode has hundreds of barriers.
+    Measured on two cores: a pair loaded on one thread and decoded on
+    another (the UI loads at start-up and replies on Gradio's worker threads)
+    decoded the F32 target at 74 ms per token instead of 31, and the AMX
+    draft at 97 ms instead of 8; the UI showed 0.8x where the benchmark
+    showed 2x. Callers wait for the result as if they had called llama.cpp
+    themselves; the hand-over costs about 0.1 ms per decode (a draft token: ~8 ms).
+    """
+
+    def __init__(self) -> None:
+        self._ident: int | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="llama-compute", initializer=self._claim
+        )
+
+    def _claim(self) -> None:
+        self._ident = threading.get_ident()
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the compute thread; its result or its exception."""
+        if threading.get_ident() == self._ident:
+            return fn(*args)
+        future = self._executor.submit(fn, *args)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            # as with a direct call, llama.cpp finishes first, so the cache bookkeeping is never behind it
+            concurrent.futures.wait([future])
+            raise
+
+
+class LlamaLog:
+    """Keeps llama.cpp's recent log lines so load errors can quote them; prints only when verbose."""
+
+    def __init__(self) -> None:
+        self.lines: deque[tuple[int, str]] = deque(maxlen=200)
+        self.model_buffers: list[str] = []  # buffer types the last loaded model's weights went to
+        self.verbose = bool(os.environ.get("LOCALSPEC_VERBOSE"))
+        self._last_level = 2
+        self._callback = C.llama_log_callback(self._on_log)  # referenced so it is never collected
+        C.llama_log_set(self._callback, ctypes.c_void_p(0))
+
+    def _on_log(self, level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
+        if level == 5:
+            level = self._last_level
+        self._last_level = level
+        line = text.decode("utf-8", errors="replace")
+        self.lines.append((level, line))
+        if "model buffer size" in line:  # e.g. "load_tensors:          AMX model buffer size =    95.34 MiB"
+            self.model_buffers.append(line.split(":", 1)[-1].split("model buffer")[0].strip())
+        if self.verbose and level >= 3:
+            sys.stderr.write(line)
+
+    def last_error(self) -> str:
+        """The most recent line that looks like an error, without llama.cpp's function prefix."""
+        for level, line in reversed(self.lines):
+            low = line.lower()
+            if "error" in low or "failed" in low or "invalid" in low or "not within" in low:
+                text = line.strip()
+                return text.split(": ", 1)[1] if ": " in text else text
+        return ""
+
+
+@functools.cache
+def start() -> tuple[ComputeThread, LlamaLog]:
+    """Set up llama.cpp for this process (once): environment, log capture, backend, compute thread."""
+    os.environ.setdefault("GGML_LOG_LEVEL", "error")
+    os.environ.setdefault(TILED_MATMUL_ENV, "0")  # before the first matmul reads it
+    log = LlamaLog()
+    C.llama_backend_init()
+    return ComputeThread(), log
+
+
+def compute(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on the one compute thread (see :class:`ComputeThread`)."""
+    return start()[0].run(fn, *args)
+
+
+def log() -> LlamaLog:
+    return start()[1]
+
+
+def system_info() -> str:
+    """llama.cpp's feature line, e.g. ``CPU : AVX2 = 1 | ... | LLAMAFILE = 1``."""
+    start()
+    return C.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def tiled_matmul_enabled() -> bool:
+    """Whether llama.cpp's batch-size-dependent tiled K-quant matmul is on in this process."""
+    start()
+    value = os.environ.get(TILED_MATMUL_ENV, "1").strip()
+    return value not in ("0", "")
+
+
+def llama_cpp_version() -> str:
+    import llama_cpp
+
+    return getattr(llama_cpp, "__version__", "unknown")
+
+
+def gpu_offload_supported() -> bool:
+    return bool(C.llama_supports_gpu_offload())
