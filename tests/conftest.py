@@ -115,7 +115,7 @@ def ui_server(demo_paths, tmp_path_factory):
     writer = log_path.open("a")
     env = {**os.environ, "LOCALSPEC_CACHE": str(tmp_path_factory.getbasetemp() / "cache"), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "localspec", "ui", "--port", str(port), "--ctx", "1024", "--max-tokens", "24",
+        [sys.executable, "-m", "localspec", "ui", "--port", str(port), "--ctx", "4096", "--max-tokens", "24",
          "--threads", str(TEST_THREADS),
          "--target", str(target), "--draft", str(draft)],  # fmt: skip
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,

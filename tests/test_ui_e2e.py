@@ -66,8 +66,8 @@ def test_a_second_conversation_queues_behind_the_first(ui_server):
     is cancelled (what the Stop button does)."""
     url, proc, log = ui_server
     first, second = Client(url, verbose=False), Client(url, verbose=False)
-    # target-only and greedy on a prompt the demo target answers for hundreds of tokens without an EOS
-    job1 = first.submit("Tell me about the moon.", "target-only", 0.0, 0, 1.0, 0.0, 4, 1, 900, "", False,
+    # target-only and greedy on a prompt the demo target answers for thousands of tokens without an EOS
+    job1 = first.submit("Tell me about the moon.", "target-only", 0.0, 0, 1.0, 0.0, 4, 1, 3000, "", False,
                         api_name="/chat")  # fmt: skip
     wait_for(lambda: len(job1.outputs()) > 0, "the first reply streaming")
     job2 = chat(second, "Tell me about the sun.", seed=2, max_tokens=24)
@@ -80,4 +80,4 @@ def test_a_second_conversation_queues_behind_the_first(ui_server):
     chat_html, _stats, notice = job2.outputs()[-1]
     assert notice == "" and STATUS.search(chat_html)
     first_reply = job1.outputs()[-1][0]
-    assert len(STATUS.findall(first_reply)) < 900, "the first reply was cut short by the cancel, not finished"
+    assert len(STATUS.findall(first_reply)) < 3000, "the first reply was cut short by the cancel, not finished"

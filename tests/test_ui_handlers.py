@@ -12,7 +12,6 @@ import html
 import json
 import re
 import threading
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -57,7 +56,7 @@ def settings(**overrides) -> Settings:
     # fixed K: with adaptive K the draft length, and so the sample, follows measured timings
     values = dict(mode="rejection", temperature=0.7, seed=11, max_tokens=16, draft_tokens=4, adaptive=False)
     values.update(overrides)
-    return replace(Settings.from_config(Config()), **values)
+    return Settings.from_config(Config()).replace(**values)
 
 
 def spans(chat_html: str) -> list[tuple[str, str, int, str]]:

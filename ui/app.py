@@ -17,27 +17,31 @@ import os
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # before gradio is imported: no telemetry, no version check
 
+import inspect  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Iterator  # noqa: E402
+from typing import Any, Callable, Iterator  # noqa: E402
 
 import gradio as gr  # noqa: E402  (handlers' gr.Request annotations are resolved from module globals)
 
 from localspec.app.catalog import user_models_dir  # noqa: E402
-from localspec.app.config import PROJECT_ROOT, Config  # noqa: E402
+from localspec.app.config import PROJECT_ROOT, Config, describe  # noqa: E402
 from localspec.app.conversation import Conversation, Turn  # noqa: E402
 from localspec.app.trace import Trace  # noqa: E402
 from localspec.core.errors import LocalspecError  # noqa: E402
-from localspec.core.modes import MODES  # noqa: E402
 
 from . import debug_view as dv  # noqa: E402
 from .render import legend, notice_html, render_conversation, stats_html  # noqa: E402
-from .session import ReplayReport, Session, Settings, speed_of, timestamped_trace_path  # noqa: E402
+from .session import PANEL, ReplayReport, Session, Settings, speed_of, timestamped_trace_path  # noqa: E402
 
 STREAM_INTERVAL_S = 0.06  # at most ~16 screen updates a second while streaming
+# Every update re-sends the whole conversation (a token's span carries its evidence in a tooltip,
+# ~250 bytes), so a long reply would flood a browser at 16 updates a second: updates are spaced so
+# that at most this many bytes a second go out, and the screen never falls behind the reply.
+STREAM_BYTES_PER_S = 2_000_000
 
 
 @dataclass
@@ -100,13 +104,15 @@ class ChatApp:
             trace = state.turns[-1].trace
             state.view, state.selected = trace, None
             info = notice_html(trace.notice, "info") if trace.notice else ""
-            last = 0.0
+            last, interval = 0.0, STREAM_INTERVAL_S
             for _event in events:
                 now = time.perf_counter()
-                if trace.result is None and now - last < STREAM_INTERVAL_S:
+                if trace.result is None and now - last < interval:
                     continue
                 last = now
-                yield render_conversation(state.turns), self._stats(state), info, state, ""
+                chat_html = render_conversation(state.turns)
+                interval = max(STREAM_INTERVAL_S, len(chat_html) / STREAM_BYTES_PER_S)
+                yield chat_html, self._stats(state), info, state, ""
             notice = notice_html(trace.error) if trace.error else info
             yield render_conversation(state.turns), self._stats(state), notice, state, ""
         finally:
@@ -260,15 +266,74 @@ def allowed_paths(config: Config) -> list[str]:
 
 
 # ----------------------------------------------------------------------
+# How the settings panel lays out its controls (rows of config keys); what each control is —
+# dropdown, checkbox, slider or number box, its range, choices and help — comes from the declaration.
+PANEL_ROWS = (
+    ("speculative.mode",), ("sampling.temperature",), ("speculative.draft_tokens",), ("speculative.adaptive",),
+    ("sampling.top_k", "sampling.top_p", "sampling.min_p"), ("sampling.seed", "sampling.max_tokens"),
+    ("chat.system_prompt",),
+)
+SLIDER_STEPS = {"sampling.temperature": 0.05, "speculative.draft_tokens": 1}
+
+
+def control(key: str, value: Any):
+    """The Gradio control of one setting, generated from its declaration."""
+    info = describe(key)
+    common = dict(label=PANEL[key], info=info.help, elem_id="ls-" + info.name.replace("_", "-"))
+    if info.choices:
+        return gr.Dropdown(list(info.choices), value=value, **common)
+    if info.kind == "bool":
+        return gr.Checkbox(value, **common)
+    if key in SLIDER_STEPS:
+        return gr.Slider(info.lo, info.hi, value=value, step=SLIDER_STEPS[key], **common)
+    if info.kind in ("int", "float"):
+        return gr.Number(value, minimum=info.lo, maximum=info.hi, precision=0 if info.kind == "int" else None, **common)
+    return gr.Textbox(value, lines=2, **common)
+
+
+@dataclass
+class _Chat:
+    """The chat tab's components (what the events are wired to)."""
+
+    chat: Any
+    notice: Any
+    message: Any
+    send: Any
+    stop: Any
+    regenerate: Any
+    clear: Any
+    stats: Any
+    settings: list[Any]
+    target: Any
+    draft: Any
+    load: Any
+
+
+@dataclass
+class _Debug:
+    """The debugging tab's components."""
+
+    summary: Any
+    save: Any
+    upload: Any
+    replay: Any
+    saved_file: Any
+    notice: Any
+    replay_box: Any
+    plots: list[Any]
+    table: Any
+    token_pick: Any
+    top: Any
+
+    @property
+    def outputs(self) -> list[Any]:
+        return [self.summary, self.table, *self.plots, self.token_pick, self.top]
+
+
 def build(app: ChatApp, startup_notice: str = ""):
     """Wire :class:`ChatApp` to Gradio components. Returns the ``gr.Blocks``."""
-    config = app.session.config
-    defaults = Settings.from_config(config)
-    targets, drafts = model_choices(config)
-
     with gr.Blocks(title="localspec — speculative decoding, token by token", analytics_enabled=False) as demo:
-        state = gr.State(ChatState())
-        pending = gr.State("")
+        state, pending = gr.State(ChatState()), gr.State("")
         with gr.Row(elem_id="ls-header-row"):
             gr.HTML(
                 '<div id="ls-header"><div class="ls-title">local<span>spec</span></div>'
@@ -277,138 +342,166 @@ def build(app: ChatApp, startup_notice: str = ""):
             badge = gr.HTML(app.badge(), elem_id="ls-badge-box")
         with gr.Tabs() as tabs:
             with gr.Tab("Chat", id="chat", elem_id="ls-tab-chat"):
-                with gr.Row(equal_height=False):
-                    with gr.Column(scale=3, min_width=480):
-                        gr.HTML(legend())
-                        chat = gr.HTML(render_conversation([]), elem_id="ls-chat", autoscroll=True)
-                        notice = gr.HTML(startup_notice, elem_id="ls-notice")
-                        with gr.Row(equal_height=True):
-                            message = gr.Textbox(placeholder="Message the target model…  (Enter to send)",
-                                                 show_label=False, scale=8, lines=1, max_lines=8,
-                                                 autofocus=True, elem_id="ls-message")  # fmt: skip
-                            send = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="ls-send")
-                            stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="ls-stop")
-                        with gr.Row():
-                            regenerate = gr.Button("↻ Regenerate", size="sm", elem_id="ls-regenerate")
-                            clear = gr.Button("Clear chat", size="sm", elem_id="ls-clear")
-                    with gr.Column(scale=1, min_width=300):
-                        stats = gr.HTML(stats_html(None), elem_id="ls-stats-box")
-                        with gr.Accordion("Sampling & speculation", open=True):
-                            mode = gr.Dropdown(list(MODES), value=defaults.mode, label="mode", elem_id="ls-mode",
-                                               info="rejection = exact default; invariant = same seed → same text with any draft")  # fmt: skip
-                            temperature = gr.Slider(0, 2, value=defaults.temperature, step=0.05, label="temperature",
-                                                    elem_id="ls-temperature")
-                            draft_tokens = gr.Slider(0, 16, value=defaults.draft_tokens, step=1, label="draft tokens K",
-                                                     info="with adaptive K: the most drafted per step")  # fmt: skip
-                            adaptive = gr.Checkbox(defaults.adaptive, label="adaptive K",
-                                                   info="choose K each step from measured acceptance and costs")  # fmt: skip
-                            with gr.Row():
-                                top_k = gr.Number(defaults.top_k, label="top-k", precision=0, minimum=0)
-                                top_p = gr.Number(defaults.top_p, label="top-p", minimum=0, maximum=1, step=0.05)
-                                min_p = gr.Number(defaults.min_p, label="min-p", minimum=0, maximum=1, step=0.01)
-                            with gr.Row():
-                                seed = gr.Number(defaults.seed, label="seed (-1 = fresh)", precision=0)
-                                max_tokens = gr.Number(defaults.max_tokens, label="max tokens", precision=0, minimum=1,
-                                                       elem_id="ls-max-tokens")
-                            system = gr.Textbox(defaults.system_prompt, label="system prompt", lines=2,
-                                                placeholder="empty = the template's default")  # fmt: skip
-                        with gr.Accordion("Model pair", open=False):
-                            target = gr.Dropdown(targets, value=config.model.target, label="target (.gguf)",
-                                                 allow_custom_value=True)  # fmt: skip
-                            draft = gr.Dropdown(drafts, value=config.model.draft, label="draft (.gguf, ngram, none)",
-                                                allow_custom_value=True)  # fmt: skip
-                            load = gr.Button("Load pair", elem_id="ls-load-pair")
+                chat = _chat_tab(app, startup_notice)
             with gr.Tab("Debugging", id="debug", elem_id="ls-tab-debug"):
-                summary = gr.HTML(dv.summary_html(None), elem_id="ls-summary")
-                with gr.Row():
-                    save = gr.Button("Save trace (.jsonl)", size="sm", elem_id="ls-save-trace")
-                    upload = gr.UploadButton("Load trace (.jsonl)", size="sm", file_types=[".jsonl", ".json", ".txt"],
-                                             type="filepath", elem_id="ls-load-trace")  # fmt: skip
-                    replay = gr.Button("Replay without draft", size="sm", elem_id="ls-replay")
-                saved_file = gr.File(label="saved trace — attach it to a bug report; `Load trace` reads it back",
-                                     interactive=False, visible=False, elem_id="ls-saved-file")  # fmt: skip
-                debug_notice = gr.HTML("", elem_id="ls-debug-notice")
-                replay_box = gr.HTML(dv.replay_html(None), elem_id="ls-replay-box")
-                with gr.Row():
-                    plot_pos = gr.Plot(dv.acceptance_by_position_plot(None), show_label=False)
-                    plot_run = gr.Plot(dv.running_acceptance_plot(None), show_label=False)
-                    plot_time = gr.Plot(dv.timeline_plot(None), show_label=False)
-                with gr.Row(equal_height=False):
-                    with gr.Column(scale=3):
-                        table = gr.Dataframe(headers=dv.STEP_COLUMNS, value=[], label="verified positions, step by step",
-                                             interactive=False, wrap=True, max_height=420, elem_id="ls-steps")  # fmt: skip
-                    with gr.Column(scale=2):
-                        token_pick = gr.Dropdown([], label="token", elem_id="ls-token-dropdown", type="value")
-                        top = gr.HTML(dv.top_table_html(None, None), elem_id="ls-top")
+                debug = _debug_tab()
         token_click = gr.Textbox(visible="hidden", elem_id="ls-token-pick")
-
-        settings_inputs = [mode, temperature, top_k, top_p, min_p, draft_tokens, seed, max_tokens, system, adaptive]
-
-        def respond(msg, st, md, t, tk, tp, mp, k, sd, mx, sysp, ad, request: gr.Request):
-            yield from app.respond(msg, st, Settings(md, t, tk, tp, mp, k, sd, mx, sysp, ad), _key(request))
-
-        def refresh(st):
-            summary_html, rows, f1, f2, f3, choices, selected, top_html = app.debug_outputs(st)
-            return summary_html, rows, f1, f2, f3, gr.update(choices=choices, value=selected), top_html
-
-        debug_targets = [summary, table, plot_pos, plot_run, plot_time, token_pick, top]
-
-        respond_outputs = [chat, stats, notice, state, message]
-        def queue_message(msg, st, request: gr.Request):
-            return app.queue_message(msg, st, _key(request))
-
-        def pop_for_regenerate(st, request: gr.Request):
-            return app.pop_for_regenerate(st, _key(request))
-
-        for trigger in (message.submit, send.click):
-            (
-                trigger(queue_message, [message, state], [message, chat, pending], queue=False, show_progress="hidden")
-                .then(respond, [pending, state, *settings_inputs], respond_outputs, concurrency_limit=1,
-                      concurrency_id="engine", show_progress="hidden", api_name=False)  # fmt: skip
-                .then(refresh, [state], debug_targets, show_progress="hidden", api_name=False)
-            )
-        def stop_reply(request: gr.Request) -> None:
-            app.stop(_key(request))
-
-        stop.click(stop_reply, None, None, queue=False, api_name=False)
-        regenerate.click(pop_for_regenerate, [state], [pending, state, chat], queue=False, api_name=False).then(
-            respond, [pending, state, *settings_inputs], respond_outputs, concurrency_limit=1,
-            concurrency_id="engine", show_progress="hidden", api_name=False,
-        ).then(refresh, [state], debug_targets, show_progress="hidden", api_name=False)  # fmt: skip
-        clear.click(app.clear, None, [state, chat, stats, notice], queue=False, api_name=False).then(
-            refresh, [state], debug_targets, api_name=False
-        )
-        load.click(app.load_pair, [target, draft], [notice, badge], concurrency_limit=1, concurrency_id="engine",
-                   api_name=False)  # fmt: skip
-
-        token_pick.input(app.select_token, [state, token_pick], [state, top], api_name=False)
-        token_click.change(app.pick_from_chat, [token_click, state], [state], api_name=False).then(
-            refresh, [state], debug_targets, api_name=False
-        ).then(lambda: gr.Tabs(selected="debug"), None, [tabs], api_name=False)
-        def save_trace(st):
-            path, notice_box = app.save_trace(st)
-            return gr.update(value=path, visible=path is not None), notice_box
-
-        save.click(save_trace, [state], [saved_file, debug_notice], api_name=False)
-        upload.upload(app.load_trace, [upload, state], [state, debug_notice], api_name=False).then(
-            refresh, [state], debug_targets, api_name=False
-        )
-        replay.click(lambda st: app.replay(st)[0], [state], [replay_box], concurrency_limit=1,
-                     concurrency_id="engine", api_name=False)  # fmt: skip
-
-        # One programmatic endpoint for scripts and the end-to-end test: message + settings in,
-        # streamed (chat html, stats html, notice html) out. State stays in the caller's session.
-        api_box = gr.Textbox(visible="hidden")
-
-        def api_chat(msg, md, t, tk, tp, mp, k, sd, mx, sysp, ad, request: gr.Request):
-            settings = Settings(md, t, tk, tp, mp, k, sd, mx, sysp, ad)
-            app.new_request(_key(request))
-            for chat_html, stats_box, notice_box, _st, _msg in app.respond(msg, ChatState(), settings, _key(request)):
-                yield chat_html, stats_box, notice_box
-
-        api_box.submit(api_chat, [api_box, *settings_inputs], [chat, stats, notice], concurrency_limit=1,
-                       concurrency_id="engine", api_name="chat")  # fmt: skip
+        _wire_chat(app, chat, debug, state, pending, badge)
+        _wire_debug(app, debug, state, tabs, token_click)
+        _api_endpoint(app, chat)
     return demo
+
+
+def _chat_tab(app: ChatApp, startup_notice: str) -> _Chat:
+    config = app.session.config
+    defaults = Settings.from_config(config).values
+    targets, drafts = model_choices(config)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3, min_width=480):
+            gr.HTML(legend())
+            chat = gr.HTML(render_conversation([]), elem_id="ls-chat", autoscroll=True)
+            notice = gr.HTML(startup_notice, elem_id="ls-notice")
+            with gr.Row(equal_height=True):
+                message = gr.Textbox(placeholder="Message the target model…  (Enter to send)", show_label=False,
+                                     scale=8, lines=1, max_lines=8, autofocus=True, elem_id="ls-message")  # fmt: skip
+                send = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="ls-send")
+                stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="ls-stop")
+            with gr.Row():
+                regenerate = gr.Button("↻ Regenerate", size="sm", elem_id="ls-regenerate")
+                clear = gr.Button("Clear chat", size="sm", elem_id="ls-clear")
+        with gr.Column(scale=1, min_width=300):
+            stats = gr.HTML(stats_html(None), elem_id="ls-stats-box")
+            controls: dict[str, Any] = {}
+            with gr.Accordion("Sampling & speculation", open=True):
+                for row in PANEL_ROWS:
+                    if len(row) == 1:
+                        controls[row[0]] = control(row[0], defaults[row[0]])
+                        continue
+                    with gr.Row():
+                        controls.update({key: control(key, defaults[key]) for key in row})
+            with gr.Accordion("Model pair", open=False):
+                target = gr.Dropdown(targets, value=targets[0], label="target (.gguf)", allow_custom_value=True)
+                draft = gr.Dropdown(drafts, value=drafts[0], label="draft (.gguf, ngram, none)", allow_custom_value=True)
+                load = gr.Button("Load pair", elem_id="ls-load-pair")
+    settings = [controls[key] for key in PANEL]  # the order Settings.from_panel reads
+    return _Chat(chat, notice, message, send, stop, regenerate, clear, stats, settings, target, draft, load)
+
+
+def _debug_tab() -> _Debug:
+    summary = gr.HTML(dv.summary_html(None), elem_id="ls-summary")
+    with gr.Row():
+        save = gr.Button("Save trace (.jsonl)", size="sm", elem_id="ls-save-trace")
+        upload = gr.UploadButton("Load trace (.jsonl)", size="sm", file_types=[".jsonl", ".json", ".txt"],
+                                 type="filepath", elem_id="ls-load-trace")  # fmt: skip
+        replay = gr.Button("Replay without draft", size="sm", elem_id="ls-replay")
+    saved_file = gr.File(label="saved trace — attach it to a bug report; `Load trace` reads it back",
+                         interactive=False, visible=False, elem_id="ls-saved-file")  # fmt: skip
+    notice = gr.HTML("", elem_id="ls-debug-notice")
+    replay_box = gr.HTML(dv.replay_html(None), elem_id="ls-replay-box")
+    with gr.Row():
+        plots = [gr.Plot(draw(None), show_label=False)
+                 for draw in (dv.acceptance_by_position_plot, dv.running_acceptance_plot, dv.timeline_plot)]  # fmt: skip
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3):
+            table = gr.Dataframe(headers=dv.STEP_COLUMNS, value=[], label="verified positions, step by step",
+                                 interactive=False, wrap=True, max_height=420, elem_id="ls-steps")  # fmt: skip
+        with gr.Column(scale=2):
+            token_pick = gr.Dropdown([], label="token", elem_id="ls-token-dropdown", type="value")
+            top = gr.HTML(dv.top_table_html(None, None), elem_id="ls-top")
+    return _Debug(summary, save, upload, replay, saved_file, notice, replay_box, plots, table, token_pick, top)
+
+
+def _refresh(app: ChatApp):
+    def refresh(st):
+        summary_html, rows, f1, f2, f3, choices, selected, top_html = app.debug_outputs(st)
+        return summary_html, rows, f1, f2, f3, gr.update(choices=choices, value=selected), top_html
+
+    return refresh
+
+
+def _wire_chat(app: ChatApp, ui: _Chat, debug: _Debug, state, pending, badge) -> None:
+    """Send / Enter, Stop, Regenerate, Clear and Load pair. Everything touching the models queues on "engine"."""
+    refresh = _refresh(app)
+
+    def respond(msg, st, *values_and_request):
+        *values, request = values_and_request
+        yield from app.respond(msg, st, Settings.from_panel(*values), _key(request))
+
+    _takes_request(respond, 2 + len(ui.settings))
+
+    def queue_message(msg, st, request: gr.Request):
+        return app.queue_message(msg, st, _key(request))
+
+    def pop_for_regenerate(st, request: gr.Request):
+        return app.pop_for_regenerate(st, _key(request))
+
+    def stop_reply(request: gr.Request) -> None:
+        app.stop(_key(request))
+
+    outputs = [ui.chat, ui.stats, ui.notice, state, ui.message]
+    generate = dict(concurrency_limit=1, concurrency_id="engine", show_progress="hidden", api_name=False)
+    for trigger in (ui.message.submit, ui.send.click):
+        (
+            trigger(queue_message, [ui.message, state], [ui.message, ui.chat, pending], queue=False, show_progress="hidden")
+            .then(respond, [pending, state, *ui.settings], outputs, **generate)
+            .then(refresh, [state], debug.outputs, show_progress="hidden", api_name=False)
+        )
+    ui.stop.click(stop_reply, None, None, queue=False, api_name=False)
+    ui.regenerate.click(pop_for_regenerate, [state], [pending, state, ui.chat], queue=False, api_name=False).then(
+        respond, [pending, state, *ui.settings], outputs, **generate
+    ).then(refresh, [state], debug.outputs, show_progress="hidden", api_name=False)
+    ui.clear.click(app.clear, None, [state, ui.chat, ui.stats, ui.notice], queue=False, api_name=False).then(
+        refresh, [state], debug.outputs, api_name=False
+    )
+    ui.load.click(app.load_pair, [ui.target, ui.draft], [ui.notice, badge], concurrency_limit=1,
+                  concurrency_id="engine", api_name=False)  # fmt: skip
+
+
+def _wire_debug(app: ChatApp, debug: _Debug, state, tabs, token_click) -> None:
+    """Token picks (from the dropdown or a click in the chat), save, load and replay."""
+    refresh = _refresh(app)
+
+    def save_trace(st):
+        path, notice_box = app.save_trace(st)
+        return gr.update(value=path, visible=path is not None), notice_box
+
+    debug.token_pick.input(app.select_token, [state, debug.token_pick], [state, debug.top], api_name=False)
+    token_click.change(app.pick_from_chat, [token_click, state], [state], api_name=False).then(
+        refresh, [state], debug.outputs, api_name=False
+    ).then(lambda: gr.Tabs(selected="debug"), None, [tabs], api_name=False)
+    debug.save.click(save_trace, [state], [debug.saved_file, debug.notice], api_name=False)
+    debug.upload.upload(app.load_trace, [debug.upload, state], [state, debug.notice], api_name=False).then(
+        refresh, [state], debug.outputs, api_name=False
+    )
+    debug.replay.click(lambda st: app.replay(st)[0], [state], [debug.replay_box], concurrency_limit=1,
+                       concurrency_id="engine", api_name=False)  # fmt: skip
+
+
+def _api_endpoint(app: ChatApp, ui: _Chat) -> None:
+    """One programmatic endpoint for scripts and the end-to-end test: message + settings in, streamed
+    (chat html, stats html, notice html) out. State stays in the caller's session."""
+    api_box = gr.Textbox(visible="hidden")
+
+    def api_chat(msg, *values_and_request):
+        *values, request = values_and_request
+        app.new_request(_key(request))
+        for chat_html, stats_box, notice_box, _st, _msg in app.respond(msg, ChatState(), Settings.from_panel(*values),
+                                                                      _key(request)):  # fmt: skip
+            yield chat_html, stats_box, notice_box
+
+    _takes_request(api_chat, 1 + len(ui.settings))
+    api_box.submit(api_chat, [api_box, *ui.settings], [ui.chat, ui.stats, ui.notice], concurrency_limit=1,
+                   concurrency_id="engine", api_name="chat")  # fmt: skip
+
+
+def _takes_request(handler: Callable, n_inputs: int) -> None:
+    """Declare ``handler(*inputs, request)`` as ``n_inputs`` plain parameters and a ``gr.Request`` one:
+    Gradio maps inputs by signature and injects the request by annotation, and these handlers take
+    the settings panel as ``*values`` so that it is listed once (:data:`ui.session.PANEL`)."""
+    parameters = [inspect.Parameter(f"input_{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD) for i in range(n_inputs)]
+    parameters.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request))
+    handler.__signature__ = inspect.Signature(parameters)
+    handler.__annotations__ = {"request": gr.Request}
 
 
 def _key(request: Any) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from localspec.app.config import Config, SamplingConfig, absolute_path
+from localspec.app.config import Config, SamplingConfig, absolute_path, describe
 from localspec.app.trace import Trace
 from localspec.core.errors import ConfigError, LocalspecError
 from localspec.core.loop import GenerationOptions
@@ -28,69 +28,49 @@ from localspec.core.perf import predicted_speedup, slows_down, speedup_verdict
 EngineFactory = Callable[[Config], Any]
 
 
+# The settings panel, in the order of its controls: config key -> the label the user sees. Each
+# control's kind, range, choices and help text come from the setting's declaration.
+PANEL: dict[str, str] = {
+    "speculative.mode": "mode",
+    "sampling.temperature": "temperature",
+    "sampling.top_k": "top-k",
+    "sampling.top_p": "top-p",
+    "sampling.min_p": "min-p",
+    "speculative.draft_tokens": "draft tokens K",
+    "sampling.seed": "seed",
+    "sampling.max_tokens": "max tokens",
+    "chat.system_prompt": "system prompt",
+    "speculative.adaptive": "adaptive K",
+}
+
+
 @dataclass
 class Settings:
-    """What the settings panel controls, checked through :meth:`Config.with_overrides`.
+    """The panel's values by config key, checked through :meth:`Config.with_overrides` when applied.
 
     No defaults of its own: :meth:`from_config` fills it from the config, so the
     panel can never start from values that drifted away from config.yaml's.
     """
 
-    mode: str
-    temperature: float
-    top_k: int
-    top_p: float
-    min_p: float
-    draft_tokens: int
-    seed: int
-    max_tokens: int
-    system_prompt: str
-    adaptive: bool
+    values: dict[str, Any]
 
     @classmethod
     def from_config(cls, config: Config) -> "Settings":
-        return cls(
-            mode=config.speculative.mode,
-            temperature=config.sampling.temperature,
-            top_k=config.sampling.top_k,
-            top_p=config.sampling.top_p,
-            min_p=config.sampling.min_p,
-            draft_tokens=config.speculative.draft_tokens,
-            seed=config.sampling.seed,
-            max_tokens=config.sampling.max_tokens,
-            system_prompt=config.chat.system_prompt,
-            adaptive=config.speculative.adaptive,
-        )
+        return cls({key: getattr(getattr(config, key.split(".")[0]), key.split(".")[1]) for key in PANEL})
+
+    @classmethod
+    def from_panel(cls, *values: Any) -> "Settings":
+        """The controls' values, in :data:`PANEL` order (as Gradio passes them)."""
+        return cls(dict(zip(PANEL, values, strict=True)))
+
+    def replace(self, **by_name: Any) -> "Settings":
+        """A copy with settings replaced by their short name (``temperature=0``, ``max_tokens=16``)."""
+        keys = {key.split(".")[1]: key for key in PANEL}
+        return Settings(self.values | {keys[name]: value for name, value in by_name.items()})
 
     def apply(self, config: Config) -> Config:
-        """``config`` with these values; a bad value raises :class:`ConfigError` naming the setting."""
-        values = {
-            "speculative.mode": self.mode,
-            "sampling.temperature": _number(self.temperature, float, "temperature"),
-            "sampling.top_k": _number(self.top_k, int, "top-k"),
-            "sampling.top_p": _number(self.top_p, float, "top-p"),
-            "sampling.min_p": _number(self.min_p, float, "min-p"),
-            "speculative.draft_tokens": _number(self.draft_tokens, int, "draft tokens (K)"),
-            "sampling.seed": _number(self.seed, int, "seed"),
-            "sampling.max_tokens": _number(self.max_tokens, int, "max tokens"),
-            "chat.system_prompt": self.system_prompt or "",
-            "speculative.adaptive": bool(self.adaptive),
-        }
-        return config.with_overrides(values)
-
-
-def _number(value: Any, kind: type, name: str) -> Any:
-    if value is None or value == "":
-        raise ConfigError(f"{name} is empty; enter a number")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} = {value!r} is not a number; enter a number") from None
-    if kind is int:
-        if number != int(number):
-            raise ConfigError(f"{name} = {value!r} must be a whole number")
-        return int(number)
-    return number
+        """``config`` with these values; a bad value raises :class:`ConfigError` naming the control."""
+        return config.with_overrides({key: describe(key).parse(value, PANEL[key]) for key, value in self.values.items()})
 
 
 @dataclass

@@ -20,7 +20,7 @@ from localspec.core.errors import ConfigError
 from localspec.core.loop import MAX_DRAFT_TOKENS
 from localspec.core.modes import MODES
 from localspec.core.sampling import SamplingParams
-from localspec.core.validation import setting, validate
+from localspec.core.validation import allowed_text, coerce, setting, validate
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "config.yaml"
@@ -63,7 +63,11 @@ class SamplingConfig(SamplingParams):
 
 @dataclass(frozen=True)
 class SpeculativeConfig(_Section):
-    mode: str = setting("rejection", "how drafts are verified", choices=MODES)
+    mode: str = setting(
+        "rejection",
+        "how drafts are verified: rejection is exact at any temperature; invariant gives the same text for a seed with any draft",
+        choices=MODES,
+    )
     draft_tokens: int = setting(8, "draft tokens per step (K); the maximum when adaptive", 0, MAX_DRAFT_TOKENS)
     adaptive: bool = setting(True, "choose K each step from measured acceptance and costs")
     min_draft_tokens: int = setting(1, "smallest K adaptive drafting may choose", 0, MAX_DRAFT_TOKENS)
@@ -166,6 +170,59 @@ def _field_names(section: Any) -> set[str]:
 def all_keys() -> list[str]:
     cfg = Config()
     return [f"{s}.{f.name}" for s in _SECTIONS for f in fields(getattr(cfg, s))]
+
+
+@dataclass(frozen=True)
+class SettingInfo:
+    """One declared setting (see :func:`localspec.core.validation.setting`), for the front ends.
+
+    The CLI's flags, the terminal's slash commands and the UI's controls are
+    generated from these: their type, help text and allowed values are the
+    declaration's, never a copy of it.
+    """
+
+    key: str
+    kind: str  # "int", "float", "bool" or "str"
+    default: Any
+    help: str
+    lo: float | None
+    hi: float | None
+    choices: tuple[Any, ...] | None
+    allowed: str
+    declaration: Any = field(repr=False, compare=False)  # the dataclass field itself
+
+    @property
+    def name(self) -> str:
+        return self.key.partition(".")[2]
+
+    @property
+    def expects(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(map(str, self.choices))
+        return {"int": "a whole number", "float": "a number", "bool": "on or off"}.get(self.kind, "some text")
+
+    def parse(self, value: Any, name: str) -> Any:
+        """A value a person entered (text, a widget's number, or nothing) as this setting's type;
+        ``name`` is how they know the setting (``/temp``, ``temperature``). The range is checked
+        by :meth:`Config.with_overrides`, with the same message as everywhere else."""
+        if value is None or (isinstance(value, str) and not value.strip() and self.kind != "str"):
+            raise ConfigError(f"{name} is empty; enter {self.expects}")
+        try:
+            return coerce(value, self.kind, name, self.declaration)
+        except ConfigError:
+            raise ConfigError(f"{name} needs {self.expects}, not {value!r}") from None
+
+
+def describe(key: str) -> SettingInfo:
+    """The declaration of one setting, by dotted key; an unknown key names the closest known one."""
+    section, _, name = key.partition(".")
+    if section not in _SECTIONS or name not in _field_names(getattr(Config(), section)):
+        raise ConfigError(f"unknown setting {key!r}{_suggest(key, all_keys())}")
+    f = next(f for f in fields(getattr(Config(), section)) if f.name == name)
+    meta = f.metadata
+    kind = (f.type if isinstance(f.type, str) else f.type.__name__).replace(" ", "")
+    choices = tuple(meta["choices"]) if meta.get("choices") is not None else None
+    return SettingInfo(key, kind, f.default, meta["help"], meta.get("lo"), meta.get("hi"), choices, allowed_text(f), f)
 
 
 def _suggest(key: str, candidates: list[str]) -> str:

@@ -17,30 +17,35 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from localspec.app.config import PATH_KEYS, Config, absolute_path, load_config
+from localspec.app.config import PATH_KEYS, Config, absolute_path, describe, load_config
 from localspec.cli.interrupt import cancel_on_interrupt
 from localspec.core.errors import ConfigError, LocalspecError
 
-# flag name -> dotted config key; shared by every command that generates
-FLAG_KEYS = {
-    "max_tokens": ("--max-tokens", "sampling.max_tokens"),
-    "temperature": ("--temperature", "sampling.temperature"),
-    "top_k": ("--top-k", "sampling.top_k"),
-    "top_p": ("--top-p", "sampling.top_p"),
-    "min_p": ("--min-p", "sampling.min_p"),
-    "repeat_penalty": ("--repeat-penalty", "sampling.repeat_penalty"),
-    "seed": ("--seed", "sampling.seed"),
-    "mode": ("--mode", "speculative.mode"),
-    "draft_tokens": ("--draft-tokens", "speculative.draft_tokens"),
-    "adaptive": ("--adaptive/--fixed-k", "speculative.adaptive"),
-    "pair": ("--pair", "model.pair"),
-    "target": ("--target", "model.target"),
-    "draft": ("--draft", "model.draft"),
-    "n_ctx": ("--ctx", "model.n_ctx"),
-    "threads": ("--threads", "model.threads"),
-    "chat_template": ("--chat/--raw", "chat.chat_template"),
-    "system": ("--system", "chat.system_prompt"),
+# Settings a command line can set, and their spelling. The type, help text and allowed values of
+# every flag come from the setting's declaration (localspec/app/config.py), never from here.
+FLAGS: dict[str, tuple[str, ...]] = {
+    "sampling.max_tokens": ("--max-tokens",),
+    "sampling.temperature": ("--temperature", "-t"),
+    "sampling.top_k": ("--top-k",),
+    "sampling.top_p": ("--top-p",),
+    "sampling.min_p": ("--min-p",),
+    "sampling.repeat_penalty": ("--repeat-penalty",),
+    "sampling.seed": ("--seed",),
+    "speculative.mode": ("--mode",),
+    "speculative.draft_tokens": ("--draft-tokens", "-k"),
+    "speculative.adaptive": ("--adaptive/--fixed-k",),
+    "model.pair": ("--pair",),
+    "model.target": ("--target",),
+    "model.draft": ("--draft",),
+    "model.n_ctx": ("--ctx",),
+    "model.threads": ("--threads",),
+    "chat.chat_template": ("--chat/--raw",),
+    "chat.system_prompt": ("--system",),
+    "ui.host": ("--host",),
+    "ui.port": ("--port",),
 }
+PAIR_KEYS = ("model.pair", "model.target", "model.draft")
+GENERATION_KEYS = tuple(k for k in FLAGS if not k.startswith("ui."))
 
 
 @dataclass
@@ -58,50 +63,48 @@ class AppState:
 
         config = load_config(self.config_path)
         flags = dict(flags or {})
-        if flags.get("pair") is not None:
-            config = select_pair(config, flags.pop("pair"))
-        for name, value in flags.items():
-            if value is None or name not in FLAG_KEYS:
+        if flags.get("model.pair") is not None:
+            config = select_pair(config, flags.pop("model.pair"))
+        for key, value in flags.items():
+            if value is None:
                 continue
-            flag, key = FLAG_KEYS[name]
             if key in PATH_KEYS:
                 value = absolute_path(str(value), Path.cwd())
             try:
                 config = config.with_overrides({key: value})
             except ConfigError as error:
-                raise ConfigError(str(error).replace(key + " =", flag.split("/")[0]).replace(key, flag)) from None
+                flag = FLAGS[key][0].split("/")[0]
+                raise ConfigError(str(error).replace(key + " =", flag).replace(key, flag)) from None
         return resolve_pair(config)
 
 
-def sampling_flags(func: Callable) -> Callable:
-    """Flags shared by generate, chat and bench."""
-    options = [
-        click.option("--max-tokens", type=int, help="Most tokens to generate."),
-        click.option("--temperature", "-t", type=float, help="Sampling temperature (0 = greedy)."),
-        click.option("--top-k", type=int, help="Top-k truncation (0 = off)."),
-        click.option("--top-p", type=float, help="Top-p (nucleus) truncation (1 = off)."),
-        click.option("--min-p", type=float, help="Min-p truncation (0 = off)."),
-        click.option("--repeat-penalty", type=float, help="Repetition penalty (1 = off)."),
-        click.option("--seed", type=int, help="Random seed (-1 = fresh)."),
-        click.option("--mode", type=click.Choice(["rejection", "greedy", "invariant", "token-match", "target-only"]),
-                     help="Verification mode (greedy when T = 0 unless given)."),  # fmt: skip
-        click.option("--draft-tokens", "-k", type=int, help="Draft tokens per step (K)."),
-        click.option("--adaptive/--fixed-k", default=None, help="Choose K each step from measured costs."),
-        click.option("--pair", type=str, help="Catalog pair to run (see `localspec models list`)."),
-        click.option("--target", type=str, help="Target GGUF path (overrides the pair's)."),
-        click.option("--draft", type=str, help="Draft GGUF path, 'ngram' or 'none' (overrides the pair's)."),
-        click.option("--ctx", "n_ctx", type=int, help="Context size in tokens."),
-        click.option("--threads", type=int, help="CPU threads (0 = physical cores)."),
-        click.option("--chat/--raw", "chat_template", default=None, help="Use the chat template, or raw text."),
-        click.option("--system", type=str, help="System prompt (chat mode)."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+def setting_flags(*keys: str) -> Callable[[Callable], Callable]:
+    """Click options for these settings, generated from their declarations (help, type, range, choices)."""
+
+    def option(key: str):
+        info = describe(key)
+        text = info.help[:1].upper() + info.help[1:] + "."
+        if info.kind == "bool":
+            return click.option(*FLAGS[key], _param(key), default=None, help=text)
+        kind = click.Choice(info.choices) if info.choices else {"int": int, "float": float}.get(info.kind, str)
+        allowed = "" if info.choices or info.kind == "str" else f" [{info.allowed}]"
+        return click.option(*FLAGS[key], _param(key), type=kind, default=None, help=text + allowed)
+
+    def decorate(func: Callable) -> Callable:
+        for key in reversed(keys):
+            func = option(key)(func)
+        return func
+
+    return decorate
+
+
+def _param(key: str) -> str:
+    return key.replace(".", "__")
 
 
 def flag_values(kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {k: kwargs.pop(k) for k in list(kwargs) if k in FLAG_KEYS}
+    """Take the setting flags out of a command's keyword arguments, as {dotted key: value}."""
+    return {k.replace("__", "."): kwargs.pop(k) for k in list(kwargs) if "__" in k}
 
 
 def err(message: str) -> None:
@@ -156,7 +159,7 @@ def cli(ctx: click.Context, config_path: str | None, verbose: bool) -> None:
 
 @cli.command()
 @click.argument("prompt")
-@sampling_flags
+@setting_flags(*GENERATION_KEYS)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a JSONL trace here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
@@ -243,7 +246,7 @@ def models_list(state: AppState, pair: str | None) -> None:
     from localspec.app.catalog import Catalog, active_pair
 
     catalog = Catalog.load()
-    active = active_pair(state.config({"pair": pair}), catalog)
+    active = active_pair(state.config({"model.pair": pair}), catalog)
     table = Table(title=f"localspec model catalog (files in {catalog.models_dir})")
     for column in ("", "pair", "target", "draft", "source"):
         table.add_column(column, overflow="fold")
@@ -305,15 +308,13 @@ def progress_bar() -> Iterator[tuple[Callable[[str, int, int], None], Callable[[
 
 # ----------------------------------------------------------------------
 @cli.command()
-@click.option("--pair", type=str, help="Catalog pair to check (see `localspec models list`).")
-@click.option("--target", type=str, help="Target GGUF path (overrides the pair's).")
-@click.option("--draft", type=str, help="Draft GGUF path, 'ngram' or 'none' (overrides the pair's).")
+@setting_flags(*PAIR_KEYS)
 @click.pass_obj
-def doctor(state: AppState, pair: str | None, target: str | None, draft: str | None) -> None:
+def doctor(state: AppState, **kwargs: Any) -> None:
     """Check the build, the machine, and whether batched logits are bit-identical to sequential ones."""
     from localspec.cli.doctor import run_doctor
 
-    config = state.config({"pair": pair, "target": target, "draft": draft})
+    config = state.config(flag_values(kwargs))
     ensure_models(config)
     for line in run_doctor(config):
         click.echo(line)
@@ -337,21 +338,18 @@ def ensure_models(config: Config) -> None:
 
 
 @cli.command()
-@sampling_flags
-@click.option("--host", type=str, help="Address to bind (default from config: 127.0.0.1).")
-@click.option("--port", type=int, help="Port (default from config: 7860).")
+@setting_flags(*GENERATION_KEYS, "ui.host", "ui.port")
 @click.pass_obj
-def ui(state: AppState, host: str | None, port: int | None, **kwargs: Any) -> None:
+def ui(state: AppState, **kwargs: Any) -> None:
     """Start the Gradio chat with live token fates and the acceptance debugging view."""
     config = state.config(flag_values(kwargs))
-    config = config.with_overrides({"ui.host": host, "ui.port": port})
     launch = frontend("ui")
     ensure_models(config)
     launch(config)
 
 
 @cli.command()
-@sampling_flags
+@setting_flags(*GENERATION_KEYS)
 @click.option("--no-color", "no_color", is_flag=True, help="No colours (also when NO_COLOR is set).")
 @click.option("--show-status/--hide-status", "show_status", default=None,
               help="Mark token fates in the text: [corrected] {bonus} (default: on when colour is off).")  # fmt: skip
@@ -383,11 +381,7 @@ def chat(state: AppState, no_color: bool, show_status: bool | None, **kwargs: An
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench.png", show_default=True,
               help="Where the PNG plot is written.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as one JSON object.")
-@click.option("--pair", type=str, help="Catalog pair to time (see `localspec models list`).")
-@click.option("--target", type=str, help="Target GGUF path (overrides the pair's).")
-@click.option("--draft", type=str, help="Draft GGUF path, 'ngram' or 'none' (overrides the pair's).")
-@click.option("--ctx", "n_ctx", type=int, help="Context size in tokens.")
-@click.option("--threads", type=int, help="CPU threads (0 = physical cores).")
+@setting_flags(*PAIR_KEYS, "model.n_ctx", "model.threads")
 @click.pass_obj
 def bench(state: AppState, repeats: int, max_tokens: int, variants: str | None, prompt_names: str | None,
           draft_tokens: int | None, max_k: int, temperature: float | None, reference: bool, plot_path: str,

@@ -14,9 +14,9 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
-from localspec.app.config import Config
+from localspec.app.config import Config, describe
 from localspec.app.conversation import Conversation, stats_line
 from localspec.cli.interrupt import cancel_on_interrupt
 from localspec.cli.term_render import TokenStyle
@@ -91,30 +91,35 @@ def history_file() -> Path:
 
 
 # ----------------------------------------------------------------------
-HELP = """commands:
-  /help              this list
-  /reset             forget the conversation (and its /stats)
-  /system [TEXT]     show or set the system prompt (/system default = the template's own)
-  /mode [NAME]       rejection, greedy, invariant, token-match or target-only
-  /temp [T]          sampling temperature (0 = greedy)
-  /k [N]             draft tokens per step
-  /seed [S]          random seed (-1 = a fresh one per reply)
-  /max [N]           most tokens per reply
-  /markers           toggle the [corrected] / {bonus} text markers
-  /stats             acceptance by draft position for the conversation so far
-  /save [FILE]       write the conversation and its trace as JSONL
-  /quit              leave (also Ctrl-D, or Ctrl-C at the prompt)
-Ctrl-C during a reply stops it and keeps the partial text. Esc then Enter inserts a new line.
-Start a message with // to send text that begins with /."""
-
-# command -> (dotted config key, parser, label)
-SETTINGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
-    "/mode": ("speculative.mode", str, "mode"),
-    "/temp": ("sampling.temperature", float, "temperature"),
-    "/k": ("speculative.draft_tokens", int, "K"),
-    "/seed": ("sampling.seed", int, "seed"),
-    "/max": ("sampling.max_tokens", int, "max tokens"),
+# Slash commands that change a setting. What each does, its type and its allowed values come from
+# the setting's declaration (localspec/app/config.py); /help is written from it too.
+SETTING_COMMANDS: dict[str, str] = {
+    "/mode": "speculative.mode",
+    "/temp": "sampling.temperature",
+    "/k": "speculative.draft_tokens",
+    "/seed": "sampling.seed",
+    "/max": "sampling.max_tokens",
 }
+
+
+def help_text() -> str:
+    """The /help screen: the fixed commands, then one line per setting command from its declaration."""
+    lines = ["commands:", "  /help              this list", "  /reset             forget the conversation (and its /stats)",
+             "  /system [TEXT]     show or set the system prompt (/system default = the template's own)"]  # fmt: skip
+    for command, key in SETTING_COMMANDS.items():
+        info = describe(key)
+        value = "NAME" if info.choices else {"int": "N", "float": "X"}.get(info.kind, "TEXT")
+        choices = f": {', '.join(info.choices)}" if info.choices else ""
+        lines.append(f"  {command + ' [' + value + ']':<18} {info.help}{choices}")
+    lines += [
+        "  /markers           toggle the [corrected] / {bonus} text markers",
+        "  /stats             acceptance by draft position for the conversation so far",
+        "  /save [FILE]       write the conversation and its trace as JSONL",
+        "  /quit              leave (also Ctrl-D, or Ctrl-C at the prompt)",
+        "Ctrl-C during a reply stops it and keeps the partial text. Esc then Enter inserts a new line.",
+        "Start a message with // to send text that begins with /.",
+    ]
+    return "\n".join(lines)
 
 
 class ChatSession:
@@ -182,14 +187,14 @@ class ChatSession:
         if name in ("/quit", "/exit", "/q"):
             return False
         if name in ("/help", "/?", "/h"):
-            self.say(HELP)
+            self.say(help_text())
             self.note(self.settings_line())
         elif name == "/reset":
             self.conversation.clear()
             self.note("conversation cleared")
         elif name == "/system":
             self.set_system(arg)
-        elif name in SETTINGS:
+        elif name in SETTING_COMMANDS:
             self.set_setting(name, arg)
         elif name == "/markers":
             self.style.markers = not self.style.markers
@@ -212,21 +217,15 @@ class ChatSession:
         self.note("system prompt set; the next reply re-reads the whole conversation")
 
     def set_setting(self, name: str, arg: str) -> None:
-        key, parse, label = SETTINGS[name]
-        section, _, attr = key.partition(".")
+        info = describe(SETTING_COMMANDS[name])
+        section, attr = info.key.split(".")
         if not arg:
-            self.note(f"{label}: {getattr(getattr(self.config, section), attr)}")
+            self.note(f"{info.name}: {getattr(getattr(self.config, section), attr)}")
             return
         try:
-            value = parse(arg)
-        except ValueError:
-            kind = "a number" if parse is float else "a whole number"
-            self.problem(f"error: {name} needs {kind}, not {arg!r}; e.g. {name} {'0.7' if parse is float else '4'}")
-            return
-        try:
-            self.config = self.config.with_overrides({key: value})
+            self.config = self.config.with_overrides({info.key: info.parse(arg, name)})
         except ConfigError as error:
-            self.problem(f"error: {error}")
+            self.problem(f"error: {error}; e.g. {name} {info.default}")
             return
         self.note(self.settings_line())
 

@@ -19,6 +19,9 @@ class Drafter(Protocol):
     """Proposes up to ``k`` tokens to follow ``context``."""
 
     name: str
+    # The draft model whose decode time and vocabulary the loop reads; None for a drafter that
+    # evaluates nothing (prompt lookup): its proposals cost no model time and carry no q rows.
+    model: LanguageModel | None
 
     def prefill(self, context: Sequence[int]) -> None:
         """Get ready for a request whose prompt is ``context`` (e.g. evaluate it)."""
@@ -88,6 +91,7 @@ class NgramDrafter:
     """
 
     name = "ngram"
+    model = None  # copies from the context: no model, no decode time
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:

@@ -99,7 +99,7 @@ class _Request:
 
     @property
     def draft_model(self) -> LanguageModel | None:
-        return getattr(self.drafter, "model", None)
+        return self.drafter.model if self.drafter is not None else None
 
     def limit_reached(self, cancel: threading.Event | None) -> str | None:
         """Why the reply must end before another step (cancelled / max_tokens / context_full), or None."""
@@ -129,7 +129,7 @@ class SpeculativeDecoder:
         self.target = target
         self.vocab = vocab
         self.drafter = drafter
-        draft_vocab = getattr(getattr(drafter, "model", None), "vocab_size", 0)
+        draft_vocab = drafter.model.vocab_size if drafter is not None and drafter.model is not None else 0
         self.vocab_size = max(target.vocab_size, draft_vocab)
         self.controller: AdaptiveK | None = None  # the adaptive-K controller of the latest request
         self._controllers: dict[tuple, AdaptiveK] = {}
@@ -322,7 +322,7 @@ class SpeculativeDecoder:
         return [TopEntry(int(t), self._piece(int(t)), float(row[t])) for t in idx]
 
     def _piece(self, token: int) -> str:
-        vocab = self.vocab if token < self.target.vocab_size else getattr(self.drafter, "model", None)
+        vocab = self.vocab if token < self.target.vocab_size else (self.drafter.model if self.drafter else None)
         if vocab is None:
             return f"<token {token}>"
         return vocab.token_bytes(token).decode("utf-8", errors="replace")

@@ -50,7 +50,7 @@ def check_value(f: Field, value: Any, key: str) -> Any:
     """Coerce ``value`` to the field's type and check its range; return the clean value."""
     typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     typ = typ.replace(" ", "")
-    value = _coerce(value, typ, key, f)
+    value = coerce(value, typ, key, f)
     meta = f.metadata
     if meta.get("choices") is not None and value not in meta["choices"]:
         raise ConfigError(f"{key} = {value!r} is not allowed; use {allowed_text(f)}")
@@ -75,7 +75,8 @@ def validate(obj: Any, section: str) -> None:
             object.__setattr__(obj, f.name, clean)
 
 
-def _coerce(value: Any, typ: str, key: str, f: Field) -> Any:
+def coerce(value: Any, typ: str, key: str, f: Field) -> Any:
+    """``value`` as the field's type (``typ``: its annotation), or :class:`ConfigError` naming ``key``."""
     optional = typ.endswith("|None") or typ.startswith("None|") or typ.startswith("Optional[")
     base = typ.replace("|None", "").replace("None|", "").replace("Optional[", "").rstrip("]")
     if value is None:

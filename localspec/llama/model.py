@@ -95,70 +95,12 @@ class LlamaModel:
         self._lock = threading.RLock()
         check_gguf_file(self.path, role)
 
-        mparams = C.llama_model_default_params()
-        mparams.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999_999
-        mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP if settings.use_mmap else C.LLAMA_LOAD_MODE_NONE
-        if settings.extra_buffers is None:
-            self.placement = weight_placement(role)
-        else:
-            state = "on" if settings.extra_buffers else "off"
-            self.placement = WeightPlacement(settings.extra_buffers, False, f"extra buffers {state} (chosen for batch invariance)")
-        mparams.use_extra_bufts = self.placement.extra_buffers
-        if on_progress is not None:
-
-            def _progress(value: float, _user: ctypes.c_void_p) -> bool:
-                on_progress(float(value))
-                return True
-
-            self._progress_cb = C.llama_progress_callback(_progress)
-            mparams.progress_callback = self._progress_cb
-        log().lines.clear()
-        log().model_buffers.clear()
-        self._model = compute(C.llama_model_load_from_file, str(self.path).encode("utf-8"), mparams)
-        if not self._model:
-            detail = log().last_error()
-            raise ModelError(
-                f"{role} model {self.path} could not be loaded"
-                + (f" (llama.cpp: {detail})" if detail else "")
-                + "; the file is truncated or corrupt — re-download it or run `localspec models prepare`"
-            )
-        self.weight_buffers = tuple(log().model_buffers)  # e.g. ("AMX", "CPU_Mapped")
-        self._vocab = C.llama_model_get_vocab(self._model)
-        self._n_vocab = int(C.llama_vocab_n_tokens(self._vocab))
-        if C.llama_model_is_recurrent(self._model) or C.llama_model_is_hybrid(self._model):
-            kind = "recurrent" if C.llama_model_is_recurrent(self._model) else "hybrid"
-            self.close()
-            raise IncompatiblePairError(
-                f"{role} model {self.path.name} is a {kind} model; its memory cannot drop rejected "
-                "tokens, so speculative decoding cannot roll back — use a transformer model"
-            )
-        n_ctx_train = int(C.llama_model_n_ctx_train(self._model))
-        cparams = C.llama_context_default_params()
-        cparams.n_ctx = settings.n_ctx
-        cparams.n_batch = settings.n_batch
-        cparams.n_ubatch = settings.n_batch
-        cparams.n_seq_max = 1
-        threads = settings.resolved_threads()
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.flash_attn_type = (
-            C.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attention else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        )
-        cparams.no_perf = True
-        self._ctx = compute(C.llama_init_from_model, self._model, cparams)
-        if not self._ctx:
-            detail = log().last_error()
-            self.close()
-            raise ModelError(
-                f"could not create a context of {settings.n_ctx} tokens for {self.path.name}"
-                + (f" (llama.cpp: {detail})" if detail else "")
-                + "; lower model.n_ctx or free memory"
-            )
+        self.placement = self._placement(settings, role)
+        self._model = self._load_weights(on_progress)
+        self._ctx = self._create_context()
         self._memory = C.llama_get_memory(self._ctx)
         self._n_ctx = int(C.llama_n_ctx(self._ctx))  # llama.cpp rounds up to a multiple of 256
         self._n_batch = int(C.llama_n_batch(self._ctx))  # and caps the batch at the requested n_ctx
-        self.n_ctx_train = n_ctx_train
-        self.threads = threads
         self._batch = C.llama_batch_init(self._n_batch, 0, 1)
         # one row per decode only where the AMX buffer really holds weights (see weight_placement)
         self.rows_per_decode = 1 if self.placement.one_row_per_decode and "AMX" in self.weight_buffers else self._n_batch
@@ -168,6 +110,78 @@ class LlamaModel:
         self.n_evaluated = 0  # tokens evaluated over the model's lifetime (KV-reuse tests and stats)
 
     # -- lifecycle ---------------------------------------------------------
+    @staticmethod
+    def _placement(settings: LlamaSettings, role: str) -> WeightPlacement:
+        if settings.extra_buffers is None:
+            return weight_placement(role)
+        state = "on" if settings.extra_buffers else "off"
+        return WeightPlacement(settings.extra_buffers, False, f"extra buffers {state} (chosen for batch invariance)")
+
+    def _load_weights(self, on_progress: Callable[[float], None] | None):
+        """The weights, on the compute thread; a file llama.cpp cannot read is named with its log's reason."""
+        settings = self.settings
+        mparams = C.llama_model_default_params()
+        mparams.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999_999
+        mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP if settings.use_mmap else C.LLAMA_LOAD_MODE_NONE
+        mparams.use_extra_bufts = self.placement.extra_buffers
+        if on_progress is not None:
+
+            def _progress(value: float, _user: ctypes.c_void_p) -> bool:
+                on_progress(float(value))
+                return True
+
+            self._progress_cb = C.llama_progress_callback(_progress)  # kept: llama.cpp holds only a pointer
+            mparams.progress_callback = self._progress_cb
+        log().lines.clear()
+        log().model_buffers.clear()
+        model = compute(C.llama_model_load_from_file, str(self.path).encode("utf-8"), mparams)
+        if not model:
+            detail = log().last_error()
+            raise ModelError(
+                f"{self.role} model {self.path} could not be loaded"
+                + (f" (llama.cpp: {detail})" if detail else "")
+                + "; the file is truncated or corrupt — re-download it or run `localspec models prepare`"
+            )
+        self._model = model
+        self.weight_buffers = tuple(log().model_buffers)  # e.g. ("AMX", "CPU_Mapped")
+        self._vocab = C.llama_model_get_vocab(model)
+        self._n_vocab = int(C.llama_vocab_n_tokens(self._vocab))
+        self.n_ctx_train = int(C.llama_model_n_ctx_train(model))
+        if C.llama_model_is_recurrent(model) or C.llama_model_is_hybrid(model):
+            kind = "recurrent" if C.llama_model_is_recurrent(model) else "hybrid"
+            self.close()
+            raise IncompatiblePairError(
+                f"{self.role} model {self.path.name} is a {kind} model; its memory cannot drop rejected "
+                "tokens, so speculative decoding cannot roll back — use a transformer model"
+            )
+        return model
+
+    def _create_context(self):
+        """One sequence, batches of n_batch, the threads and attention kind of the settings."""
+        settings = self.settings
+        cparams = C.llama_context_default_params()
+        cparams.n_ctx = settings.n_ctx
+        cparams.n_batch = settings.n_batch
+        cparams.n_ubatch = settings.n_batch
+        cparams.n_seq_max = 1
+        self.threads = settings.resolved_threads()
+        cparams.n_threads = self.threads
+        cparams.n_threads_batch = self.threads
+        cparams.flash_attn_type = (
+            C.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attention else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        cparams.no_perf = True
+        context = compute(C.llama_init_from_model, self._model, cparams)
+        if not context:
+            detail = log().last_error()
+            self.close()
+            raise ModelError(
+                f"could not create a context of {settings.n_ctx} tokens for {self.path.name}"
+                + (f" (llama.cpp: {detail})" if detail else "")
+                + "; lower model.n_ctx or free memory"
+            )
+        return context
+
     def close(self) -> None:
         """Free the context and the model (idempotent)."""
         batch = getattr(self, "_batch", None)
