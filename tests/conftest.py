@@ -47,9 +47,11 @@ def real_paths() -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def test_config(tmp_path_factory) -> Path:
-    """The config every CLI test runs with: the demo pair (real-pair tests pass --pair) and the worker's threads."""
+    """The config every CLI test runs with: the demo pair (real-pair tests pass --pair), the worker's
+    threads, and a fixed K — adaptive K follows measured timings, so a busy test machine could stop
+    drafting (or pick other K) and make a seeded reply differ from run to run."""
     path = tmp_path_factory.getbasetemp() / "test-config.yaml"
-    path.write_text(f"model:\n  pair: demo\n  threads: {TEST_THREADS}\n")
+    path.write_text(f"model:\n  pair: demo\n  threads: {TEST_THREADS}\nspeculative:\n  adaptive: false\n")
     return path
 
 
@@ -61,12 +63,14 @@ def _isolated_cache(tmp_path_factory, monkeypatch, test_config):
 
 
 def make_engine(target, draft, **overrides):
-    """An engine on ``target`` + ``draft`` (a path, 'ngram' or 'none'), 1,024-token context unless overridden."""
+    """An engine on ``target`` + ``draft`` (a path, 'ngram' or 'none'), 1,024-token context and fixed K
+    unless overridden (a request can still ask for adaptive K)."""
     from localspec.app.config import Config
     from localspec.app.engine import Engine
 
     config = Config().with_overrides({"model.target": str(target), "model.draft": str(draft), "model.n_ctx": 1024,
-                                      "model.threads": TEST_THREADS, **overrides})  # fmt: skip
+                                      "model.threads": TEST_THREADS, "speculative.adaptive": False,
+                                      **overrides})  # fmt: skip
     return Engine(config)
 
 
@@ -101,7 +105,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def ui_server(demo_paths, tmp_path_factory):
+def ui_server(demo_paths, tmp_path_factory, test_config):
     """`localspec ui` in a subprocess on a free port (demo pair, short replies); yields (url, process, log).
 
     Ready means the server printed its URL line, which it does once it answers:
@@ -113,7 +117,8 @@ def ui_server(demo_paths, tmp_path_factory):
     port = _free_port()
     log_path = tmp_path_factory.mktemp("ui") / "server.log"
     writer = log_path.open("a")
-    env = {**os.environ, "LOCALSPEC_CACHE": str(tmp_path_factory.getbasetemp() / "cache"), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "LOCALSPEC_CACHE": str(tmp_path_factory.getbasetemp() / "cache"), "PYTHONUNBUFFERED": "1",
+           "LOCALSPEC_CONFIG": str(test_config)}  # (session fixtures start before the per-test environment)
     proc = subprocess.Popen(
         [sys.executable, "-m", "localspec", "ui", "--port", str(port), "--ctx", "4096", "--max-tokens", "24",
          "--threads", str(TEST_THREADS),

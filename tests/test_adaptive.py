@@ -180,10 +180,11 @@ def test_adaptive_options_are_checked() -> None:
 
 def test_adaptive_is_the_default_and_an_explicit_small_k_lowers_its_minimum() -> None:
     """Adaptive K is on by default (it won the benchmark); `-k 0` must still work rather than
-    collide with the default minimum of 1, while a contradictory pair given together is refused."""
+    collide with a configured minimum of 1, while a contradictory pair given together is refused."""
     config = Config()
     assert config.speculative.adaptive and config.speculative.draft_tokens == 8
-    assert config.speculative.min_draft_tokens == 1
+    assert config.speculative.min_draft_tokens == 0  # adaptive K may stop drafting where it does not pay
+    config = config.with_overrides({"speculative.min_draft_tokens": 1})
     lowered = config.with_overrides({"speculative.draft_tokens": 0})
     assert (lowered.speculative.draft_tokens, lowered.speculative.min_draft_tokens) == (0, 0)
     kept = config.with_overrides({"speculative.draft_tokens": 3})
@@ -291,3 +292,44 @@ def test_a_short_reply_is_not_called_slow_but_a_long_slow_one_is() -> None:
     fast_short = speed_of(SimpleNamespace(stats=lambda: GenerationStats(
         n_tokens=10, steps=4, drafted=12, accepted=8, examined=10, draft_s=0.05, verify_s=0.15)), 0.042)  # fmt: skip
     assert "faster" in fast_short.verdict  # a short reply that is clearly fast still says so
+
+
+def run_costed(controller: AdaptiveK, alpha: float, t_draft: float, verify, steps: int, rng) -> float:
+    """Simulate ``steps`` steps; return the tokens per second they achieved."""
+    tokens = seconds = 0.0
+    for _ in range(steps):
+        k = controller.choose()
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        other = 1e-4 * (k + 1)
+        controller.observe(k, accepted, accepted + (accepted < k), k * t_draft, verify(k + 1), other)
+        tokens += accepted + 1
+        seconds += k * t_draft + verify(k + 1) + other
+    return tokens / seconds
+
+
+@pytest.mark.parametrize("alpha", [0.8, 1.0])
+def test_on_the_real_pair_adaptive_k_costs_almost_nothing(alpha: float) -> None:
+    """The real pair on two cores (DESIGN §9): a draft token costs 0.64 of a target token and each
+    extra verification row 0.68, so even at acceptance 1 every K > 0 is slower than the target alone.
+    Adaptive K (minimum 0, the default) must run at >= 97% of the target's own speed."""
+    verify = lambda rows: 0.025 + 0.017 * (rows - 1)  # noqa: E731 - seconds, measured medians
+    controller = AdaptiveK(0, 8)
+    rate = run_costed(controller, alpha, 0.016, verify, 2000, np.random.default_rng(5))
+    assert rate >= 0.97 / verify(1), rate * verify(1)
+    assert controller.history[-300:].count(0) >= 285  # probes only
+    negative = AdaptiveK(1, 8)  # control: with a minimum of 1 it cannot stop drafting, and loses
+    assert run_costed(negative, alpha, 0.016, verify, 2000, np.random.default_rng(5)) < 0.9 / verify(1)
+
+
+def test_a_useless_draft_is_stopped_and_a_good_one_taken_back() -> None:
+    """A demo-like pair (cheap draft): acceptance 5% -> K = 0 at >= 97% of the target's speed; then
+    the text turns predictable (acceptance 97%) and drafting resumes within a few hundred steps."""
+    verify = lambda rows: 0.020 + 0.004 * (rows - 1)  # noqa: E731
+    controller = AdaptiveK(0, 8)
+    rng = np.random.default_rng(6)
+    assert run_costed(controller, 0.05, 0.004, verify, 1500, rng) >= 0.97 / verify(1)
+    assert controller.history[-300:].count(0) >= 285
+    run_costed(controller, 0.97, 0.004, verify, 400, rng)
+    assert np.median(controller.history[-50:]) >= 4

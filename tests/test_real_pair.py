@@ -69,8 +69,9 @@ def test_greedy_speculative_equals_target_only(engines) -> None:
         prompt = chat_tokens(plain, text)
         expected, _ = generate(plain, prompt, GREEDY, mode="greedy", max_tokens=96)
         assert len(expected.token_ids) >= 64, text
-        for k, adaptive in ((3, False), (6, False), (8, True)):
-            got, steps = generate(speculative, prompt, GREEDY, mode="greedy", max_tokens=96, draft_tokens=k, adaptive=adaptive)
+        for k, adaptive in ((3, False), (8, False), (8, True)):  # adaptive from K >= 1: it would stop drafting here
+            got, steps = generate(speculative, prompt, GREEDY, mode="greedy", max_tokens=96, draft_tokens=k,
+                                  adaptive=adaptive, min_draft_tokens=1)  # fmt: skip
             assert got.token_ids == expected.token_ids, (text, k, adaptive)
             assert got.text == expected.text
             rejected_somewhere |= any(s.n_accepted < len(s.drafted) for s in steps)

@@ -63,7 +63,7 @@ def wait_for(condition, what: str, guard_s: float = 120) -> None:
 def test_a_second_conversation_queues_behind_the_first(ui_server):
     """Ordered by events: the second request is sent once the first streams, and is seen
     waiting in the queue while the first goes on streaming; it runs only when the first
-    is cancelled (what the Stop button does)."""
+    is stopped (the `/stop` endpoint: what the Stop button does)."""
     url, proc, log = ui_server
     first, second = Client(url, verbose=False), Client(url, verbose=False)
     # target-only and greedy on a prompt the demo target answers for thousands of tokens without an EOS
@@ -75,9 +75,10 @@ def test_a_second_conversation_queues_behind_the_first(ui_server):
     queued_at = len(job1.outputs())
     wait_for(lambda: len(job1.outputs()) >= queued_at + 3, "the first reply streaming on after the second queued")
     assert job2.outputs() == [] and job2.status().code == Status.IN_QUEUE, "the second must wait for the first"
-    job1.cancel()
-    wait_for(job2.done, "the second reply after the first was cancelled")
+    first.predict(api_name="/stop")  # the Stop button, for this client's own reply
+    wait_for(job1.done, "the first reply to end after Stop")
+    first_reply = job1.outputs()[-1][0]
+    assert "ls-chip-stop" in first_reply and len(STATUS.findall(first_reply)) < 3000, "Stop ended it, not the length"
+    wait_for(job2.done, "the second reply after the first was stopped")
     chat_html, _stats, notice = job2.outputs()[-1]
     assert notice == "" and STATUS.search(chat_html)
-    first_reply = job1.outputs()[-1][0]
-    assert len(STATUS.findall(first_reply)) < 3000, "the first reply was cut short by the cancel, not finished"

@@ -493,6 +493,12 @@ def _api_endpoint(app: ChatApp, ui: _Chat) -> None:
     api_box.submit(api_chat, [api_box, *ui.settings], [ui.chat, ui.stats, ui.notice], concurrency_limit=1,
                    concurrency_id="engine", api_name="chat")  # fmt: skip
 
+    def api_stop(request: gr.Request) -> None:  # what the Stop button does, for the caller's own reply
+        app.stop(_key(request))
+
+    api_stop_button = gr.Button(visible=False)
+    api_stop_button.click(api_stop, None, None, queue=False, api_name="stop")
+
 
 def _takes_request(handler: Callable, n_inputs: int) -> None:
     """Declare ``handler(*inputs, request)`` as ``n_inputs`` plain parameters and a ``gr.Request`` one:

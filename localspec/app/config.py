@@ -70,7 +70,7 @@ class SpeculativeConfig(_Section):
     )
     draft_tokens: int = setting(8, "draft tokens per step (K); the maximum when adaptive", 0, MAX_DRAFT_TOKENS)
     adaptive: bool = setting(True, "choose K each step from measured acceptance and costs")
-    min_draft_tokens: int = setting(1, "smallest K adaptive drafting may choose", 0, MAX_DRAFT_TOKENS)
+    min_draft_tokens: int = setting(0, "smallest K adaptive drafting may choose; 0 lets it stop drafting where drafting does not pay", 0, MAX_DRAFT_TOKENS)
     ngram_max: int = setting(3, "longest n-gram the prompt-lookup drafter matches", 1, 16)
 
 
@@ -232,7 +232,7 @@ def _suggest(key: str, candidates: list[str]) -> str:
 
 def load_config(path: str | Path | None = None) -> Config:
     """Read and check a config file (default: ``$LOCALSPEC_CONFIG`` or the project's config.yaml)."""
-    path = Path(path) if path is not None else Path(os.environ.get("LOCALSPEC_CONFIG", DEFAULT_CONFIG))
+    path = Path(path) if path is not None else Path(os.environ.get("LOCALSPEC_CONFIG") or DEFAULT_CONFIG)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist; pass --config PATH or restore config.yaml")
     try:

@@ -15,9 +15,17 @@ bias the output: exactness does not depend on K (DESIGN §2).
 
 Every ``explore_every`` steps the controller tries a neighbour of its best K
 (and every fourth time the far end of the range), so the cost line stays
-measured around the optimum, a stale or unlucky measurement fades out, and a
-K of 0 (the draft does not pay) is never a trap. Costs are medians of recent
-samples per batch size: other processes on a shared machine make spikes.
+measured around the optimum and a stale or unlucky measurement fades out.
+Costs are medians of recent samples per batch size: other processes on a
+shared machine make spikes.
+
+When drafting does not pay (best K = 0: a draft that costs more than half a
+target token, as on a CPU with a 1.5B target and a 0.5B draft), the reply
+runs at the target's own speed; a one-draft probe now and then finds out
+whether that is still so. Each probe that changes nothing doubles the gap to
+the next (up to ``max_probe_gap`` steps), so a pair where drafting never pays
+loses almost nothing to probing, while a reply that reaches text the draft
+predicts well is noticed within a bounded number of steps.
 """
 
 from __future__ import annotations
@@ -39,9 +47,12 @@ class AdaptiveK:
     alpha_prior: float = 0.7  # prior acceptance rate, worth ``prior_weight`` examined drafts
     prior_weight: float = 4.0
     alpha_decay: float = 0.98  # running counts forget slowly: acceptance drifts with the text
+    idle_decay: float = 0.995  # per step that drafted nothing (K = 0): the prior returns over ~200 steps
     explore_every: int = 8
     verify_slope_prior: float = 0.15  # extra cost of one more verified row, as a fraction of one row
     stale_steps: float = 64.0  # a batch size not measured for this many steps counts half in the fit
+    max_probe_gap: int = 64  # at K = 0: the longest wait between one-draft probes
+    hopeless_factor: int = 64  # ... times this where the costs alone rule drafting out (a probe may cost a second)
     _accepted: float = 0.0
     _examined: float = 0.0
     _draft: deque = field(default_factory=lambda: deque(maxlen=16))  # recent draft seconds per token
@@ -50,6 +61,9 @@ class AdaptiveK:
     _steps: int = 0
     _observed: int = 0
     _best: int | None = None
+    _probe_gap: int = 0  # steps between probes while not drafting (doubles while probes say no)
+    _dirty: bool = True  # a drafting step was observed since the cost model was last solved
+    _next_probe: int = 0
     history: list[int] = field(default_factory=list)  # the K chosen at each step
 
     def __post_init__(self) -> None:
@@ -106,11 +120,17 @@ class AdaptiveK:
     def choose(self) -> int:
         """K for the next step."""
         self._steps += 1
-        if self._verify and self._draft:
+        # the cost model is re-solved when a step brought news about drafting, and every few steps
+        # otherwise (K = 0 steps only refine the one-row cost): solving it each step costs ~2% of a token
+        fresh = self._dirty or self._steps % max(1, self.explore_every) == 0
+        if self._verify and self._draft and fresh:
             self._best = max(range(self.k_min, self.k_max + 1), key=lambda k: (self.rate(k) or 0.0, -k))
+            self._dirty = False
         best = self._best if self._best is not None else self.k_max
         k = best
-        if self.explore_every and self._steps % self.explore_every == 0 and self.k_max > self.k_min:
+        if best == 0 and self.k_max > 0:
+            k = self._probe()
+        elif self.explore_every and self._steps % self.explore_every == 0 and self.k_max > self.k_min:
             # alternate between the neighbours of the best K so both sides stay measured, and now
             # and then jump to the far end, so one unlucky old measurement cannot pin K down
             turn = (self._steps // self.explore_every) % 4
@@ -120,17 +140,49 @@ class AdaptiveK:
                 k = best + 1
             else:
                 k = best - 1
+        if best > 0:
+            self._probe_gap = 0  # drafting pays: the next stop starts probing often again
         self.history.append(k)
         if len(self.history) > 4096:
             del self.history[:2048]  # a controller lives as long as its decoder
         return k
 
+    def _probe(self) -> int:
+        """Not drafting: one draft when the probe is due (then wait twice as long), else none.
+
+        A probe makes a model draft catch up on every token since it last ran, so probing costs
+        about what drafting along would. Where even acceptance 1 could not beat the target alone
+        (the costs alone rule drafting out), only a change of costs could — probes then come
+        ``hopeless_factor`` times less often.
+        """
+        if self._probe_gap == 0:  # just stopped drafting
+            self._probe_gap = max(1, self.explore_every)
+            self._next_probe = self._steps + self._probe_gap * (self.hopeless_factor if self.hopeless() else 1)
+            return 0
+        if self._steps < self._next_probe:
+            return 0
+        self._probe_gap = min(2 * self._probe_gap, self.max_probe_gap)
+        self._next_probe = self._steps + self._probe_gap * (self.hopeless_factor if self.hopeless() else 1)
+        return 1
+
+    def hopeless(self) -> bool:
+        """Whether the measured costs rule drafting out even if every draft token were accepted."""
+        alone = self.step_seconds(0)
+        if alone is None or not self._draft:
+            return False
+        return all(
+            (seconds := self.step_seconds(k)) is not None and (k + 1) / seconds < 1.0 / alone
+            for k in range(max(1, self.k_min), self.k_max + 1)
+        )
+
     def observe(self, drafted: int, accepted: int, examined: int, draft_s: float, verify_s: float, other_s: float) -> None:
         """Feed back what one step did and cost (``drafted`` = tokens actually proposed)."""
-        self._accepted = self._accepted * self.alpha_decay + accepted
-        self._examined = self._examined * self.alpha_decay + examined
+        decay = self.alpha_decay if examined else self.idle_decay  # without drafts, what was learnt fades slowly
+        self._accepted = self._accepted * decay + accepted
+        self._examined = self._examined * decay + examined
         if drafted > 0:
             self._draft.append(draft_s / drafted)
+            self._dirty = True
         rows = drafted + 1
         self._observed += 1
         self._verify.setdefault(rows, deque(maxlen=8)).append((self._observed, verify_s))

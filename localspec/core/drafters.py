@@ -11,7 +11,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from localspec.core.model import LanguageModel, common_prefix_length, sync_cache
+from localspec.core.model import LanguageModel, common_prefix_length
 from localspec.core.modes import Draft, Mode
 
 
@@ -45,7 +45,8 @@ class ModelDrafter:
         self.vocab_size = vocab_size or model.vocab_size
 
     def prefill(self, context: Sequence[int]) -> None:
-        sync_cache(self.model, context[:-1])
+        """Nothing yet: the first proposal catches up in one batch. A reply that never drafts (adaptive
+        K found drafting does not pay) then never makes the draft read the prompt at all."""
 
     def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
         draft = Draft(tokens=[], q_rows=[], logits=[])
