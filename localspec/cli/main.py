@@ -373,7 +373,7 @@ def chat(state: AppState, no_color: bool, show_status: bool | None, **kwargs: An
 @click.option("--variants", type=str, default=None,
               help="Comma-separated subset of: target-only, greedy, rejection, invariant, token-match, "
                    "prompt-lookup, adaptive (default: all).")  # fmt: skip
-@click.option("--prompts", "prompt_names", type=str, default=None, help="Comma-separated subset of: chat, essay, code, summarise.")
+@click.option("--prompts", "prompt_names", type=str, default=None, help="Comma-separated subset of: chat, essay, code, summarise, edit.")
 @click.option("--draft-tokens", "-k", type=int, default=None, help="K of the fixed-K variants (default: config).")
 @click.option("--max-k", type=int, default=8, show_default=True, help="Upper bound of the adaptive-K variant.")
 @click.option("--temperature", "-t", type=float, default=None, help="T of the sampling variants (default 0.7).")
