@@ -54,7 +54,7 @@ def test_speculative_rows_have_acceptance_split_and_prediction(report) -> None:
         assert set(split) == SPLIT_KEYS and sum(split.values()) == pytest.approx(1.0, abs=1e-6)
         assert row["predicted_speedup"]["median"] > 0
         assert row["measured_over_predicted"]["median"] > 0
-        if row["drafter"] == "model":
+        if row["drafter"] == "model" and not row["adaptive"]:  # (adaptive K may draft nothing where it does not pay)
             assert 0 <= row["acceptance_rate"]["median"] <= 1
             assert row["tokens_per_step"]["median"] >= 1
             assert split["draft"] > 0  # the draft model did run

@@ -121,9 +121,16 @@ def test_a_second_tab_waits_and_its_stop_cancels_the_queued_request(page, ui_ser
         page.get_by_role("option", name="greedy").click()  # greedy: this prompt runs on with no EOS
         page.locator("#ls-max-tokens input").fill("4000")
         page.locator("#ls-max-tokens input").press("Tab")
+        before = page.locator("#ls-chat-log .ls-tok").count()
         page.locator("#ls-message textarea").fill("Tell me about rivers.")
         page.locator("#ls-send").click()
-        page.wait_for_selector("#ls-chat-log .ls-cursor", timeout=60_000)  # the first tab is streaming
+        # the first tab is streaming: new tokens are on screen (not just its "thinking" bubble, which
+        # shows while its request may still wait for a queue worker)
+        page.wait_for_function(
+            f"document.querySelectorAll('#ls-chat-log .ls-tok').length > {before}"
+            " && document.querySelector('#ls-chat-log .ls-cursor')",
+            timeout=120_000,
+        )
 
         other.locator("#ls-message textarea").fill("Tell me about mountains.")
         other.locator("#ls-send").click()
