@@ -22,6 +22,9 @@ class Drafter(Protocol):
     # The draft model whose decode time and vocabulary the loop reads; None for a drafter that
     # evaluates nothing (prompt lookup): its proposals cost no model time and carry no q rows.
     model: LanguageModel | None
+    # Seconds of the last proposal spent catching up on context the drafter had not seen (the prompt,
+    # or the tokens of steps it sat out): a one-off, not what drafting a token costs.
+    catch_up_s: float
 
     def prefill(self, context: Sequence[int]) -> None:
         """Get ready for a request whose prompt is ``context`` (e.g. evaluate it)."""
@@ -43,6 +46,7 @@ class ModelDrafter:
         self.model = model
         self.name = model.name
         self.vocab_size = vocab_size or model.vocab_size
+        self.catch_up_s = 0.0
 
     def prefill(self, context: Sequence[int]) -> None:
         """Nothing yet: the first proposal catches up in one batch. A reply that never drafts (adaptive
@@ -79,7 +83,11 @@ class ModelDrafter:
         keep = min(common_prefix_length(cached, context), len(context) - 1)
         if keep < len(cached):
             self.model.truncate(keep)
-        return self.model.extend(context[keep:], 1)[0]
+        started = self.model.decode_seconds
+        logits = self.model.extend(context[keep:], 1)[0]
+        # d_K and the bonus token are the normal catch-up; more than that is context it never saw
+        self.catch_up_s = self.model.decode_seconds - started if len(context) - keep > 2 else 0.0
+        return logits
 
 
 class NgramDrafter:
@@ -93,6 +101,7 @@ class NgramDrafter:
 
     name = "ngram"
     model = None  # copies from the context: no model, no decode time
+    catch_up_s = 0.0
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:

@@ -248,8 +248,9 @@ class SpeculativeDecoder:
                 break
         taken = n_added + (finished == "eos")  # the emitted tokens the reply took, an ending EOS included
         other_s = time.perf_counter() - step_start - draft_s - verify_s
-        if request.controller is not None:
-            request.controller.observe(len(draft.tokens), verdict.n_accepted, len(verdict.checks), draft_s, verify_s, other_s)
+        if request.controller is not None:  # the controller learns what drafting costs, without one-off catch-ups
+            drafting_s = draft_s - (drafter.catch_up_s if drafter is not None and draft.tokens else 0.0)
+            request.controller.observe(len(draft.tokens), verdict.n_accepted, len(verdict.checks), drafting_s, verify_s, other_s)
         step = StepEvent(
             step=request.step, position=position, k=k, drafted=list(draft.tokens), n_accepted=verdict.n_accepted,
             emitted=emitted, bonus=verdict.bonus and bool(draft.tokens), rows=rows,
