@@ -83,7 +83,7 @@ class Conversation:
         reserve = max(1, min(config.sampling.max_tokens, n_ctx // 4))
         dropped = self.dropped
         while True:
-            prepared = engine.encode_prompt(config, self._history(dropped), user, system=self.system)
+            prepared = engine.encode_prompt(config, self._history(dropped), user, system=self.system_prompt(config))
             if len(prepared.tokens) + reserve <= n_ctx or dropped >= len(self.turns):
                 break
             dropped += 1
