@@ -24,7 +24,7 @@ WHEEL_DIR   := $(WHEEL_CACHE)/llama-cpp-python-$(LLAMA_CPP)-$(WHEEL_KEY)
 STAMP       := $(VENV)/.localspec-$(WHEEL_KEY)
 PIP         := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: run install install-dev models test test-fast bench doctor clean
+.PHONY: run install install-dev models test test-fast bench bench-llama-cpp llama-cpp-tools doctor clean
 
 run: install
 	$(BIN)/localspec ui
@@ -66,6 +66,29 @@ test-fast: install-dev
 
 bench: install
 	$(BIN)/localspec bench
+
+# llama.cpp's own llama-server / llama-speculative-simple / llama-bench, built from the SAME vendored
+# source, patches and flags as the wheel, so `localspec bench --llama-cpp` compares like with like.
+TOOLS_DIR := $(HOME)/.cache/localspec/llama-cpp-tools-$(LLAMA_CPP)-$(WHEEL_KEY)
+TOOLS     := llama-server llama-speculative-simple llama-bench
+
+llama-cpp-tools: $(TOOLS_DIR)/bin/llama-server
+
+$(TOOLS_DIR)/bin/llama-server: $(PATCHES)
+	@echo "building llama.cpp's $(TOOLS) from llama-cpp-python $(LLAMA_CPP)'s vendored source (first time only, ~10 minutes)"
+	@rm -rf $(TOOLS_DIR).tmp && mkdir -p $(TOOLS_DIR).tmp/src && \
+	  $(PYTHON) -m pip download -q --no-deps --no-binary :all: --no-cache-dir -d $(TOOLS_DIR).tmp "llama-cpp-python==$(LLAMA_CPP)" && \
+	  tar -xzf $(TOOLS_DIR).tmp/llama_cpp_python-$(LLAMA_CPP).tar.gz -C $(TOOLS_DIR).tmp/src --strip-components=1 && \
+	  for p in $(abspath $(PATCHES)); do patch -s -p1 -d $(TOOLS_DIR).tmp/src < $$p || exit 1; done && \
+	  cmake -S $(TOOLS_DIR).tmp/src/vendor/llama.cpp -B $(TOOLS_DIR).tmp/build -DCMAKE_BUILD_TYPE=Release \
+	    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF $(strip $(CMAKE_FLAGS)) >$(TOOLS_DIR).tmp/cmake.log && \
+	  cmake --build $(TOOLS_DIR).tmp/build -j $$(nproc) --target $(TOOLS) >$(TOOLS_DIR).tmp/build.log && \
+	  mkdir -p $(TOOLS_DIR).new/bin && cp $(addprefix $(TOOLS_DIR).tmp/build/bin/,$(TOOLS)) $(TOOLS_DIR).new/bin/ && \
+	  rm -rf $(TOOLS_DIR) $(TOOLS_DIR).tmp && mv $(TOOLS_DIR).new $(TOOLS_DIR)
+	@echo "llama.cpp tools in $(TOOLS_DIR)/bin"
+
+bench-llama-cpp: install llama-cpp-tools
+	$(BIN)/localspec bench --llama-cpp $(TOOLS_DIR)/bin
 
 doctor: install
 	$(BIN)/localspec doctor

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from localspec.app.config import Config
-from localspec.core.adaptive import AdaptiveK
-from localspec.core.drafters import ModelDrafter
+from localspec.core.adaptive import AdaptiveK, Plan
+from localspec.core.drafters import MODEL, ModelDrafter
 from localspec.core.errors import ConfigError
 from localspec.core.events import GenerationResult, StepEvent
 from localspec.core.loop import GenerationOptions, SpeculativeDecoder
@@ -28,7 +28,7 @@ V = 6
 def feed(controller: AdaptiveK, alpha: float, t_draft: float, verify, steps: int, rng: np.random.Generator) -> None:
     """Run ``steps`` simulated steps with true acceptance ``alpha`` and the given costs."""
     for _ in range(steps):
-        k = controller.choose()
+        k = controller.choose().k
         accepted = 0
         while accepted < k and rng.random() < alpha:
             accepted += 1
@@ -141,10 +141,10 @@ class OutcomeDrivenK(AdaptiveK):
 
     last_accepted = 0
 
-    def choose(self) -> int:
+    def choose(self, match=None, model: bool = True) -> Plan:
         k = {0: 3, 1: 2}.get(self.last_accepted, 1) if self.history else 1
         self.history.append(k)
-        return k
+        return Plan(MODEL, k)
 
     def observe(self, drafted, accepted, *args) -> None:
         super().observe(drafted, accepted, *args)
@@ -298,7 +298,7 @@ def run_costed(controller: AdaptiveK, alpha: float, t_draft: float, verify, step
     """Simulate ``steps`` steps; return the tokens per second they achieved."""
     tokens = seconds = 0.0
     for _ in range(steps):
-        k = controller.choose()
+        k = controller.choose().k
         accepted = 0
         while accepted < k and rng.random() < alpha:
             accepted += 1

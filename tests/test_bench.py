@@ -88,7 +88,7 @@ def test_unknown_variant_is_one_line_error_naming_it() -> None:
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [
         "error: unknown bench variant 'warp-speed'; choose from target-only, greedy, rejection, invariant, "
-        "token-match, prompt-lookup, adaptive"
+        "token-match, prompt-lookup, adaptive, hybrid, hybrid-greedy"
     ]
 
 

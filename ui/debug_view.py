@@ -23,7 +23,7 @@ from .session import ReplayReport  # noqa: E402
 COLOURS = {"accepted": "#16a34a", "corrected": "#ea580c", "bonus": "#2563eb", "target": "#6b7280"}
 DRAFT_COLOUR, VERIFY_COLOUR, OTHER_COLOUR = "#a78bfa", "#0ea5e9", "#cbd5e1"
 
-STEP_COLUMNS = ["step", "position", "draft token", "q(draft)", "p(draft)", "accept prob", "uniform",
+STEP_COLUMNS = ["step", "drafter", "position", "draft token", "q(draft)", "p(draft)", "accept prob", "uniform",
                 "outcome", "emitted", "draft ms", "verify ms"]  # fmt: skip
 
 
@@ -41,6 +41,7 @@ def step_rows(run: Trace) -> list[list[Any]]:
                 emitted_text += " (correction)"
             out.append([
                 step["step"] + 1,
+                (step.get("source") or "–") if n == 0 else "",
                 row["position"],
                 quote_piece(row.get("draft_text")) if row.get("draft_token") is not None else "(bonus row)",
                 _round(row.get("q")),

@@ -304,6 +304,7 @@ def stats_html(speed: Any | None, pair: str = "") -> str:
         card("acceptance", f"{speed.acceptance:.0%}" if speed.acceptance is not None else "–", "accepted / drafted", "acc"),
         card("tokens / step", f"{speed.tokens_per_step:.2f}", "emitted per target pass", "tps-step"),
         card("speedup", speedup, predicted or "vs the target alone", "speedup"),
+        card("drafter", speed.sources.split(" ")[0], speed.sources, "drafter") if speed.sources else "",
     ])  # fmt: skip
     verdict = (
         f'<div class="ls-verdict{" ls-verdict-slow" if speed.slow else ""}">{html.escape(speed.verdict)}</div>'

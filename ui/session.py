@@ -86,6 +86,7 @@ class Speed:
     verdict: str
     target_token_s: float | None = None  # the target-only cost the speedups are measured against
     slow: bool = False  # the draft measurably slows this reply down (a reply long enough to judge)
+    sources: str = ""  # which drafter each step used (e.g. "lookup 37 · model 8 · none 15 steps")
 
 
 def speed_of(run: Trace, target_token_s: float | None) -> Speed:
@@ -111,6 +112,7 @@ def speed_of(run: Trace, target_token_s: float | None) -> Speed:
         verdict=verdict,
         target_token_s=target_token_s if measured is not None else None,
         slow=measured is not None and slows_down(measured, stats.n_tokens),
+        sources=stats.steps_by_source(),
     )
 
 

@@ -71,6 +71,7 @@ class SpeculativeConfig(_Section):
     draft_tokens: int = setting(8, "draft tokens per step (K); the maximum when adaptive", 0, MAX_DRAFT_TOKENS)
     adaptive: bool = setting(True, "choose K each step from measured acceptance and costs")
     min_draft_tokens: int = setting(0, "smallest K adaptive drafting may choose; 0 lets it stop drafting where drafting does not pay", 0, MAX_DRAFT_TOKENS)
+    lookup: bool = setting(True, "also copy drafts from the context (prompt lookup) where it predicts the reply; adaptive drafting picks lookup, the draft model or nothing each step")
     ngram_max: int = setting(3, "longest n-gram the prompt-lookup drafter matches", 1, 16)
 
 

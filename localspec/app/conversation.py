@@ -184,6 +184,8 @@ def stats_line(stats: GenerationStats, stop_reason: str, target_token_s: float |
             parts.append(f"{stats.tokens_per_second * target_token_s:.2f}x vs target alone")
     elif stats.mode == "target-only":
         parts.append("target only")
+    if "lookup" in stats.drafter or stats.drafter == "ngram":  # hybrid drafting: which drafter each step used
+        parts.append(stats.steps_by_source())
     parts.append(f"prompt {stats.n_prompt} ({stats.n_prompt_evaluated + 1} new)")
     parts.append(f"stop: {stop_reason}")
     return "[" + " · ".join(parts) + "]"

@@ -27,7 +27,7 @@ from localspec.app.invariance import (
     suspects,
 )
 from localspec.app.templates import ChatTemplate, Message, build_messages
-from localspec.core.drafters import Drafter, ModelDrafter, NgramDrafter
+from localspec.core.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from localspec.core.errors import ConfigError, ModelError
 from localspec.core.events import GenerationResult, StepEvent, TokenEvent
 from localspec.core.loop import GenerationOptions, SpeculativeDecoder
@@ -91,7 +91,8 @@ class Engine:
             self.draft_model.close()
             self.draft_model = None
             raise
-        return ModelDrafter(self.draft_model, vocab_size=max(self.target.vocab_size, self.draft_model.vocab_size))
+        model = ModelDrafter(self.draft_model, vocab_size=max(self.target.vocab_size, self.draft_model.vocab_size))
+        return HybridDrafter(model, NgramDrafter(max_ngram=config.speculative.ngram_max))  # lookup: per request
 
     # ------------------------------------------------------------------
     def pair_warning(self) -> str | None:
@@ -109,7 +110,7 @@ class Engine:
 
     @property
     def pair_name(self) -> str:
-        draft = self.drafter.name if self.drafter is not None else "no draft"
+        draft = "no draft" if self.drafter is None else self.draft_model.name if self.draft_model else self.drafter.name
         return f"{self.target.name} + {draft}"
 
     def close(self) -> None:
@@ -155,6 +156,7 @@ class Engine:
             detail_top=0,
             adaptive=cfg.speculative.adaptive,
             min_draft_tokens=cfg.speculative.min_draft_tokens,
+            lookup=cfg.speculative.lookup,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         if values["seed"] is None or values["seed"] < 0:

@@ -20,6 +20,8 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -30,6 +32,7 @@ import yaml
 
 from localspec.app.engine import reference_generator
 from localspec.app.invariance import llama_build
+from localspec.bench.llamacpp import server_configs, start_servers
 from localspec.core.errors import ConfigError
 from localspec.core.events import GenerationResult, GenerationStats, StepEvent
 from localspec.core.loop import MAX_DRAFT_TOKENS, GenerationOptions
@@ -48,8 +51,9 @@ class Variant:
     label: str
     mode: str
     temperature: float
-    drafter: str  # "model", "ngram", "none", or "reference"
+    drafter: str  # "model", "ngram", "none", "reference" (llama-cpp-python) or "llama.cpp" (llama-server)
     adaptive: bool = False
+    lookup: bool = False  # the model drafter also copies from the context where that pays (the hybrid)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -62,6 +66,8 @@ VARIANTS: dict[str, Variant] = {
         Variant("token-match", "token-match T=0.7", "token-match", 0.7, "model"),
         Variant("prompt-lookup", "prompt lookup, no draft model (T=0)", "greedy", 0.0, "ngram"),
         Variant("adaptive", "rejection T=0.7, adaptive K", "rejection", 0.7, "model", adaptive=True),
+        Variant("hybrid", "rejection T=0.7, adaptive model + lookup (default)", "rejection", 0.7, "model", adaptive=True, lookup=True),
+        Variant("hybrid-greedy", "greedy, adaptive model + lookup", "greedy", 0.0, "model", adaptive=True, lookup=True),
     )
 }
 REFERENCE_VARIANTS = {
@@ -83,6 +89,7 @@ class BenchSettings:
     min_draft_tokens: int = 1
     temperature: float | None = None  # overrides the T of the sampling variants
     reference: bool = False
+    llama_cpp: str | None = None  # bin folder of llama.cpp's own llama-server: time it too
     warmup_tokens: int = 16
     seed: int = 1234
 
@@ -110,6 +117,8 @@ class BenchSettings:
             chosen = [replace(v, temperature=self.temperature) if v.temperature > 0 else v for v in chosen]
         if self.reference:
             chosen += list(REFERENCE_VARIANTS.values())
+        if self.llama_cpp:
+            chosen += [Variant(c.name, c.label, "greedy", 0.0, "llama.cpp") for c in server_configs()]
         return chosen
 
 
@@ -139,6 +148,7 @@ class Measurement:
     expected_tokens: float = 0.0  # sum over steps of E[tokens](alpha, k_step), DESIGN §7
     speedup: float | None = None
     predicted_speedup: float | None = None
+    ceiling_speedup: float | None = None  # the same steps and costs with every draft accepted (acceptance 1)
     reference_speedup: float | None = None  # llama-cpp-python lookup over llama-cpp-python alone
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,10 +170,18 @@ class Bench:
             )
         self.reference = reference_generator(engine, num_pred_tokens=10) if settings.reference else None
         self.base_params = engine.config.sampling.params()
+        self.servers = {}
+        if settings.llama_cpp:
+            draft = engine.config.resolve_path(engine.config.model.draft) if engine.draft_model is not None else None
+            self.servers = start_servers(settings.llama_cpp, server_configs(), engine.target_path, draft,
+                                         engine.target.threads, engine.target.context_size, engine.settings.use_mmap)  # fmt: skip
+            self.variants = [v for v in self.variants if v.drafter != "llama.cpp" or v.name in self.servers]
 
     def close(self) -> None:
         if self.reference is not None:
             self.reference.close()
+        for server in self.servers.values():
+            server.close()
 
     def prompt_tokens(self, text: str) -> list[int]:
         return self.engine.encode_prompt(self.engine.config, [], text).tokens
@@ -174,6 +192,11 @@ class Bench:
             n, seconds = self.reference.generate(tokens, max_tokens, prompt_lookup=variant.name == REFERENCE_LOOKUP)
             return Measurement(variant.name, prompt, repeat, GenerationStats(mode="reference", n_tokens=n, other_s=seconds),
                                stop_reason="reference")  # fmt: skip
+        if variant.drafter == "llama.cpp":
+            done = self.servers[variant.name].complete(tokens, max_tokens, self.settings.seed + repeat)
+            stats = GenerationStats(mode="llama.cpp", drafter=variant.name, n_tokens=done.n_tokens, other_s=done.decode_s,
+                                    drafted=done.drafted, accepted=done.accepted)  # fmt: skip
+            return Measurement(variant.name, prompt, repeat, stats, stop_reason="llama.cpp")
         s = self.settings
         options = GenerationOptions(
             mode=variant.mode,
@@ -182,6 +205,7 @@ class Bench:
             seed=s.seed + repeat,
             adaptive=variant.adaptive,
             min_draft_tokens=s.min_draft_tokens,
+            lookup=variant.lookup,
         )
         params = replace(self.base_params, temperature=variant.temperature)
         drafter = "ngram" if variant.drafter == "ngram" else None
@@ -245,6 +269,7 @@ def run_from_cli(engine, options: dict[str, Any], progress: Callable[[str, int, 
         min_draft_tokens=min(config.speculative.min_draft_tokens, max_k),
         temperature=options["temperature"],
         reference=options["reference"],
+        llama_cpp=options.get("llama_cpp"),
     )
     report = run_bench(engine, settings, progress)
     report["plot"] = str(write_plot(report, options["plot_path"]))
@@ -267,9 +292,43 @@ def _attach_speedups(runs: list[Measurement]) -> None:
         t_target = baseline.stats.decode_s / baseline.stats.n_tokens
         if run.stats.steps and run.stats.decode_s > 0:
             run.predicted_speedup = model_speedup(run.expected_tokens, t_target, run.stats.decode_s)
+            # at acceptance 1 each step would emit all its k drafts plus one: steps + drafted tokens
+            run.ceiling_speedup = model_speedup(run.stats.steps + run.stats.drafted, t_target, run.stats.decode_s)
         elif run.variant == REFERENCE_LOOKUP and (run.prompt, run.repeat) in ref_base:
             ref = ref_base[(run.prompt, run.repeat)]
             run.reference_speedup = run.stats.tokens_per_second / ref.stats.tokens_per_second if ref.stats.tokens_per_second else None
+
+
+def machine(engine) -> dict[str, Any]:
+    """The CPU the numbers come from and the flags that decide them (AMX, AVX-512, repacked weights):
+    the same bench differs by 1.5x between CPUs with and without AMX."""
+    model = platform.processor() or platform.machine()
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and ":" in line:
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+    return {
+        "cpu": model,
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "flags": [f for f in wanted if f in flags],
+        "weight_buffers": list(engine.target.weight_buffers),
+    }
+
+
+def _sources(runs: list[Measurement]) -> dict[str, list[int]]:
+    """Steps, drafts and accepted drafts per draft source over ``runs`` (which drafter a hybrid used)."""
+    total: dict[str, list[int]] = {}
+    for run in runs:
+        for source, counts in run.stats.by_source.items():
+            total[source] = [a + b for a, b in zip(total.get(source, [0, 0, 0]), counts)]
+    return total
 
 
 def _stat(values: list[float]) -> dict[str, float] | None:
@@ -307,10 +366,13 @@ def _report(engine, settings, variants, prompts, tokens, runs: list[Measurement]
                 "verify": sum(r.stats.verify_s for r in mine) / decode if decode else 0.0,
                 "other": sum(r.stats.other_s for r in mine) / decode if decode else 0.0,
             }
-            if variant.drafter != "reference"
+            if variant.drafter not in ("reference", "llama.cpp")
             else None,
             "predicted_speedup": _stat([r.predicted_speedup for r in mine]),
+            "ceiling_speedup": _stat([r.ceiling_speedup for r in mine]),
             "measured_over_predicted": _stat(ratios),
+            "by_prompt": {p["name"]: _stat([r.speedup for r in mine if r.prompt == p["name"]]) for p in prompts},
+            "by_source": _sources(mine),
         }
         if variant.name == REFERENCE_LOOKUP:
             row["speedup_over_own_target_only"] = _stat([r.reference_speedup for r in mine])
@@ -327,6 +389,7 @@ def _report(engine, settings, variants, prompts, tokens, runs: list[Measurement]
             "flash_attention": engine.settings.flash_attention,
         },
         "build": {"llama_cpp_python": llama_build()["version"], "system": llama_build()["system_info"]},
+        "machine": machine(engine),
         "settings": {
             "repeats": settings.repeats,
             "max_tokens": settings.max_tokens,
@@ -350,9 +413,14 @@ def render_table(report: dict[str, Any]) -> str:
             return "–"
         return f"{fmt.format(stat['median'])}{suffix} ({fmt.format(stat['min'])}–{fmt.format(stat['max'])})"
 
+    machine_info = report.get("machine", {})
     lines = [
-        "| variant | tok/s | speedup | acceptance | tokens/step | mean K | draft / verify / other | predicted | measured/predicted |",
-        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
+        f"CPU: {machine_info.get('cpu', '?')}, {machine_info.get('cores', '?')} cores visible, "
+        f"{' '.join(machine_info.get('flags', [])) or 'no AVX2/AVX-512/AMX'}; target weights in "
+        f"{', '.join(machine_info.get('weight_buffers', [])) or '?'}",
+        "",
+        "| variant | tok/s | speedup | acceptance | tokens/step | mean K | draft / verify / other | predicted | at acceptance 1 | measured/predicted |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for row in report["variants"]:
         split = row["time_split"]
@@ -363,8 +431,14 @@ def render_table(report: dict[str, Any]) -> str:
             f"| {row['label']} | {rng(row['tokens_per_second'], '{:.1f}')} | {rng(row['speedup'], '{:.2f}', '×')} | "
             f"{rng(row['acceptance_rate'])} | {rng(row['tokens_per_step'])} | "
             f"{(row['mean_k'] or {}).get('median', 0):.1f} | {split_text} | "
-            f"{rng(row['predicted_speedup'], '{:.2f}', '×')} | {rng(row['measured_over_predicted'], '{:.0%}')} |"
+            f"{rng(row['predicted_speedup'], '{:.2f}', '×')} | {rng(row['ceiling_speedup'], '{:.2f}', '×')} | "
+            f"{rng(row['measured_over_predicted'], '{:.0%}')} |"
         )
+    names = [p["name"] for p in report["settings"]["prompts"]]
+    lines += ["", "| speedup by prompt (median) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for row in report["variants"]:
+        cells = [f"{s['median']:.2f}×" if (s := row.get("by_prompt", {}).get(n)) else "–" for n in names]
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
     pair = report["pair"]
     settings = report["settings"]
     lines.append("")
@@ -390,7 +464,7 @@ def write_plot(report: dict[str, Any], path: str | Path) -> Path:
     lo = [r["speedup"]["median"] - r["speedup"]["min"] for r in rows]
     hi = [r["speedup"]["max"] - r["speedup"]["median"] for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
-    colors = ["#888888" if r["drafter"] in ("none", "reference") else "#2e7d32" for r in rows]
+    colors = ["#888888" if r["drafter"] in ("none", "reference", "llama.cpp") else "#2e7d32" for r in rows]
     ax1.bar(labels, med, yerr=[lo, hi], color=colors, capsize=4)
     pred = [(r["predicted_speedup"] or {}).get("median") for r in rows]
     xs = [i for i, p in enumerate(pred) if p]

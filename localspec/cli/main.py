@@ -372,26 +372,29 @@ def chat(state: AppState, no_color: bool, show_status: bool | None, **kwargs: An
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens generated per run.")
 @click.option("--variants", type=str, default=None,
               help="Comma-separated subset of: target-only, greedy, rejection, invariant, token-match, "
-                   "prompt-lookup, adaptive (default: all).")  # fmt: skip
+                   "prompt-lookup, adaptive, hybrid, hybrid-greedy (default: all).")  # fmt: skip
 @click.option("--prompts", "prompt_names", type=str, default=None, help="Comma-separated subset of: chat, essay, code, summarise, edit.")
 @click.option("--draft-tokens", "-k", type=int, default=None, help="K of the fixed-K variants (default: config).")
 @click.option("--max-k", type=int, default=8, show_default=True, help="Upper bound of the adaptive-K variant.")
 @click.option("--temperature", "-t", type=float, default=None, help="T of the sampling variants (default 0.7).")
 @click.option("--reference", is_flag=True, help="Also time llama-cpp-python's own generation and prompt lookup.")
+@click.option("--llama-cpp", "llama_cpp", type=click.Path(file_okay=False), default=None,
+              help="Also time llama.cpp's own llama-server from this bin folder (`make llama-cpp-tools` builds it): "
+                   "target alone, draft-simple at n-max 2/4/8, ngram-simple, ngram-mod.")  # fmt: skip
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench.png", show_default=True,
               help="Where the PNG plot is written.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as one JSON object.")
 @setting_flags(*PAIR_KEYS, "model.n_ctx", "model.threads")
 @click.pass_obj
 def bench(state: AppState, repeats: int, max_tokens: int, variants: str | None, prompt_names: str | None,
-          draft_tokens: int | None, max_k: int, temperature: float | None, reference: bool, plot_path: str,
-          as_json: bool, **kwargs: Any) -> None:  # fmt: skip
+          draft_tokens: int | None, max_k: int, temperature: float | None, reference: bool, llama_cpp: str | None,
+          plot_path: str, as_json: bool, **kwargs: Any) -> None:  # fmt: skip
     """Time every speculative variant on the configured pair (tokens/s, speedup, time split)."""
     config = state.config(flag_values(kwargs))
     run_bench = frontend("bench")
     options = dict(variants=variants, prompts=prompt_names, repeats=repeats, max_tokens=max_tokens,
                    draft_tokens=draft_tokens, max_k=max_k, temperature=temperature, reference=reference,
-                   plot_path=plot_path)  # fmt: skip
+                   llama_cpp=llama_cpp, plot_path=plot_path)  # fmt: skip
     ensure_models(config)
     engine = load_engine(config, state.verbose)
     try:

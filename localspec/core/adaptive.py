@@ -19,6 +19,20 @@ measured around the optimum and a stale or unlucky measurement fades out.
 Costs are medians of recent samples per batch size: other processes on a
 shared machine make spikes.
 
+With prompt lookup beside the model (the hybrid drafter) each step has a
+third candidate: copy the continuation lookup found. Its drafts cost nothing
+to make, only their verification rows; its acceptance is estimated per
+*match length* (how many tokens before the end of the context agree with the
+occurrence copied from), starting from the rule of succession's ``m / (m + 1)``
+for a match of ``m`` tokens. The step takes whichever of none / model K /
+lookup K promises the most tokens per second.
+
+Verification cost is kept per batch size (medians of recent samples), with a
+line through them only for sizes not measured yet: on a CPU with repacked
+weights a batch of 8 rows costs *less* than one of 7 (llama.cpp's gemm takes
+rows in fours and sends the rest one by one to a gemv), so a straight line
+would pick the wrong sizes.
+
 When drafting does not pay (best K = 0: a draft that costs more than half a
 target token, as on a CPU with a 1.5B target and a 0.5B draft), the reply
 runs at the target's own speed; a one-draft probe now and then finds out
@@ -34,8 +48,25 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from localspec.core.drafters import LOOKUP, MODEL, Match
 from localspec.core.errors import ConfigError
 from localspec.core.perf import expected_tokens_per_step
+
+MATCH_BUCKETS = (1, 2, 3, 4, 8, 16, 32)  # lookup acceptance is estimated per match length, in these bins
+
+
+def match_bucket(length: int) -> int:
+    """The bin of a lookup match ``length`` tokens long (the largest bound not above it)."""
+    return max((b for b in MATCH_BUCKETS if b <= length), default=MATCH_BUCKETS[0])
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the next step drafts: ``k`` tokens from ``source`` (MODEL, LOOKUP, or "" for none)."""
+
+    source: str
+    k: int
+    match: int = 0  # the lookup match length behind a LOOKUP plan
 
 
 @dataclass
@@ -44,6 +75,7 @@ class AdaptiveK:
 
     k_min: int
     k_max: int
+    lookup_max: int = 16  # most lookup drafts per step (they cost only their verification rows)
     alpha_prior: float = 0.7  # prior acceptance rate, worth ``prior_weight`` examined drafts
     prior_weight: float = 4.0
     alpha_decay: float = 0.98  # running counts forget slowly: acceptance drifts with the text
@@ -58,6 +90,7 @@ class AdaptiveK:
     _draft: deque = field(default_factory=lambda: deque(maxlen=16))  # recent draft seconds per token
     _other: deque = field(default_factory=lambda: deque(maxlen=16))  # recent other seconds per row
     _verify: dict[int, deque] = field(default_factory=dict)  # batch rows -> recent (step, seconds)
+    _lookup: dict[int, list[float]] = field(default_factory=dict)  # match bin -> [accepted, examined], decayed
     _steps: int = 0
     _observed: int = 0
     _best: int | None = None
@@ -80,7 +113,14 @@ class AdaptiveK:
         return (self._accepted + self.alpha_prior * self.prior_weight) / (self._examined + self.prior_weight)
 
     def verify_seconds(self, rows: int) -> float | None:
-        """Predicted target seconds for a verification batch of ``rows`` rows (None before any data)."""
+        """Predicted target seconds for a verification batch of ``rows`` rows (None before any data):
+        the median of its recent measurements while they are fresh, else the fitted line."""
+        samples = self._verify.get(rows)
+        if samples and self._observed - samples[-1][0] < 4 * self.stale_steps:
+            return statistics.median(t for _, t in samples)
+        return self._fitted_verify_seconds(rows)
+
+    def _fitted_verify_seconds(self, rows: int) -> float | None:
         if not self._verify:
             return None
         # per batch size: the median of recent samples (robust to a spike from another process),
@@ -101,25 +141,63 @@ class AdaptiveK:
         slope = max(0.0, sum(w * (n - mn) * (t - mt) for n, t, w in points) / var) if var > 0 else 0.0
         return max(mt + slope * (rows - mn), 1e-6)
 
-    def step_seconds(self, k: int) -> float | None:
+    def step_seconds(self, k: int, source: str = MODEL) -> float | None:
         verify = self.verify_seconds(k + 1)
         if verify is None:
             return None
-        draft = (statistics.median(self._draft) if self._draft else 0.0) * k
+        draft = (statistics.median(self._draft) if self._draft and source == MODEL else 0.0) * k
         other = (statistics.median(self._other) if self._other else 0.0) * (k + 1)
         return draft + verify + other
 
     def rate(self, k: int) -> float | None:
-        """Predicted tokens per second with ``k`` drafts (None before any data)."""
+        """Predicted tokens per second with ``k`` model drafts (None before any data)."""
         seconds = self.step_seconds(k)
         if seconds is None or seconds <= 0:
             return None
         return expected_tokens_per_step(self.alpha, k) / seconds
 
+    def lookup_alpha(self, length: int) -> float:
+        """Acceptance estimate of a lookup match ``length`` tokens long: its bin's counts, with the rule of
+        succession's ``m / (m + 1)`` (``m`` = the bin's bound) as a prior worth ``prior_weight`` drafts."""
+        m = match_bucket(length)
+        accepted, examined = self._lookup.get(m, (0.0, 0.0))
+        return (accepted + m / (m + 1) * self.prior_weight) / (examined + self.prior_weight)
+
+    def lookup_rate(self, match: Match, k: int) -> float | None:
+        """Predicted tokens per second copying ``k`` tokens of ``match`` (None before any cost data)."""
+        seconds = self.step_seconds(k, LOOKUP)
+        if seconds is None or seconds <= 0:
+            return None
+        return expected_tokens_per_step(self.lookup_alpha(match.length), k) / seconds
+
     # ------------------------------------------------------------------
-    def choose(self) -> int:
-        """K for the next step."""
+    def choose(self, match: Match | None = None, model: bool = True) -> Plan:
+        """What the next step drafts: lookup when ``match`` promises more than the model or nothing,
+        else the model's K (``model``: a draft model is there to ask)."""
         self._steps += 1
+        plan = self._lookup_plan(match, model) if match is not None and self.lookup_max > 0 else None
+        if plan is None:
+            plan = Plan(MODEL, self._model_k()) if model else Plan("", 0)
+        if plan.k == 0:
+            plan = Plan("", 0)
+        self.history.append(plan.k)
+        if len(self.history) > 4096:
+            del self.history[:2048]  # a controller lives as long as its decoder
+        return plan
+
+    def _lookup_plan(self, match: Match, model: bool) -> Plan | None:
+        """The lookup K with the best predicted rate, if it beats drafting nothing and the model's best K."""
+        ks = range(1, min(self.lookup_max, match.available) + 1)
+        if not ks:
+            return None
+        if self.verify_seconds(1) is None:  # nothing measured yet: free drafts are worth a try
+            return Plan(LOOKUP, ks[-1], match.length)
+        k = max(ks, key=lambda n: (self.lookup_rate(match, n) or 0.0, -n))
+        rival = max((self.rate(n) or 0.0) for n in range(self.k_min if model else 0, (self.k_max if model else 0) + 1))
+        return Plan(LOOKUP, k, match.length) if (self.lookup_rate(match, k) or 0.0) > rival else None
+
+    def _model_k(self) -> int:
+        """The model's K: the best predicted, a neighbour now and then, or a probe while it does not pay."""
         # the cost model is re-solved when a step brought news about drafting, and every few steps
         # otherwise (K = 0 steps only refine the one-row cost): solving it each step costs ~2% of a token
         fresh = self._dirty or self._steps % max(1, self.explore_every) == 0
@@ -142,9 +220,6 @@ class AdaptiveK:
                 k = best - 1
         if best > 0:
             self._probe_gap = 0  # drafting pays: the next stop starts probing often again
-        self.history.append(k)
-        if len(self.history) > 4096:
-            del self.history[:2048]  # a controller lives as long as its decoder
         return k
 
     def _probe(self) -> int:
@@ -175,12 +250,25 @@ class AdaptiveK:
             for k in range(max(1, self.k_min), self.k_max + 1)
         )
 
-    def observe(self, drafted: int, accepted: int, examined: int, draft_s: float, verify_s: float, other_s: float) -> None:
-        """Feed back what one step did and cost (``drafted`` = tokens actually proposed)."""
-        decay = self.alpha_decay if examined else self.idle_decay  # without drafts, what was learnt fades slowly
-        self._accepted = self._accepted * decay + accepted
-        self._examined = self._examined * decay + examined
-        if drafted > 0:
+    def observe(
+        self, drafted: int, accepted: int, examined: int, draft_s: float, verify_s: float, other_s: float,
+        source: str = MODEL, match: int = 0,
+    ) -> None:
+        """Feed back what one step did and cost (``drafted`` = tokens actually proposed; ``match`` = the
+        lookup match length behind a LOOKUP step)."""
+        looked_up = source == LOOKUP and drafted > 0
+        for counts in self._lookup.values():  # what was learnt about lookup fades while it is not used
+            counts[0] *= self.alpha_decay if looked_up else self.idle_decay
+            counts[1] *= self.alpha_decay if looked_up else self.idle_decay
+        if looked_up:
+            counts = self._lookup.setdefault(match_bucket(match), [0.0, 0.0])
+            counts[0] += accepted
+            counts[1] += examined
+        else:
+            decay = self.alpha_decay if examined else self.idle_decay  # without drafts, what was learnt fades slowly
+            self._accepted = self._accepted * decay + accepted
+            self._examined = self._examined * decay + examined
+        if drafted > 0 and not looked_up:
             self._draft.append(draft_s / drafted)
             self._dirty = True
         rows = drafted + 1

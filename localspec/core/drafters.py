@@ -7,12 +7,34 @@ or the statement that the proposal is deterministic (``q`` one-hot).
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+import statistics
+from collections import deque
+from dataclasses import dataclass
+from typing import Container, Protocol, Sequence
 
 import numpy as np
 
 from localspec.core.model import LanguageModel, common_prefix_length
 from localspec.core.modes import Draft, Mode
+
+MODEL = "model"  # a proposal sampled from the draft model (q rows: the q-rule)
+LOOKUP = "lookup"  # a proposal copied from the context (deterministic: the one-hot rule)
+
+
+@dataclass(frozen=True)
+class Match:
+    """What prompt lookup found: the continuation it would copy and how much evidence backs it.
+
+    ``length`` is how many tokens before the end of the context agree with the
+    tokens before ``start`` (the longest such earlier occurrence wins): a
+    continuation preceded by twenty agreeing tokens is far more likely to be
+    the text's continuation than one found after a single token, so adaptive
+    drafting keeps its acceptance estimates per length.
+    """
+
+    start: int  # index in the context where the copied continuation begins
+    length: int  # agreeing tokens before it (at least the matched n-gram)
+    available: int  # tokens that can be copied (up to the end of the context)
 
 
 class Drafter(Protocol):
@@ -29,8 +51,12 @@ class Drafter(Protocol):
     def prefill(self, context: Sequence[int]) -> None:
         """Get ready for a request whose prompt is ``context`` (e.g. evaluate it)."""
 
-    def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
-        """Return at most ``k`` tokens (possibly none)."""
+    def lookup(self, context: Sequence[int], avoid: Container[int] = ()) -> Match | None:
+        """What prompt lookup offers after ``context``, copying up to the first token in ``avoid``
+        (None: nothing, or this drafter does no lookup)."""
+
+    def propose(self, context: Sequence[int], k: int, mode: Mode, source: str = MODEL) -> Draft:
+        """Return at most ``k`` tokens (possibly none) from ``source`` (a drafter with one source ignores it)."""
 
 
 class ModelDrafter:
@@ -47,13 +73,17 @@ class ModelDrafter:
         self.name = model.name
         self.vocab_size = vocab_size or model.vocab_size
         self.catch_up_s = 0.0
+        self._usual = deque(maxlen=8)  # seconds of recent usual catch-ups (d_K and the bonus token)
 
     def prefill(self, context: Sequence[int]) -> None:
         """Nothing yet: the first proposal catches up in one batch. A reply that never drafts (adaptive
         K found drafting does not pay) then never makes the draft read the prompt at all."""
 
-    def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
-        draft = Draft(tokens=[], q_rows=[], logits=[])
+    def lookup(self, context: Sequence[int], avoid: Container[int] = ()) -> Match | None:
+        return None
+
+    def propose(self, context: Sequence[int], k: int, mode: Mode, source: str = MODEL) -> Draft:
+        draft = Draft(tokens=[], q_rows=[], logits=[], source=MODEL)
         if k <= 0:
             return draft
         logits = self._catch_up(context)
@@ -84,14 +114,22 @@ class ModelDrafter:
         if keep < len(cached):
             self.model.truncate(keep)
         started = self.model.decode_seconds
+        missing = len(context) - keep
         logits = self.model.extend(context[keep:], 1)[0]
-        # d_K and the bonus token are the normal catch-up; more than that is context it never saw
-        self.catch_up_s = self.model.decode_seconds - started if len(context) - keep > 2 else 0.0
+        elapsed = self.model.decode_seconds - started
+        # d_K and the bonus token are the usual catch-up, part of what drafting costs; beyond that the
+        # draft reads context it never saw (the prompt, or steps it sat out): only the excess is one-off
+        if missing <= 2:
+            self._usual.append(elapsed)
+            self.catch_up_s = 0.0
+        else:
+            usual = statistics.median(self._usual) if self._usual else elapsed * 2 / missing
+            self.catch_up_s = max(0.0, elapsed - usual)
         return logits
 
 
 class NgramDrafter:
-    """Prompt lookup: find the latest earlier occurrence of the last n tokens and copy what followed.
+    """Prompt lookup: find the earlier occurrence of the context's end that agrees longest, copy what followed.
 
     Deterministic, so ``q`` is one-hot and rejection mode uses the one-hot
     rule (accept with ``p(d)``, resample from ``p`` without ``d``): still exact.
@@ -102,6 +140,7 @@ class NgramDrafter:
     name = "ngram"
     model = None  # copies from the context: no model, no decode time
     catch_up_s = 0.0
+    max_match = 64  # agreement counted up to this many tokens (enough to tell a quote from a coincidence)
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -112,18 +151,70 @@ class NgramDrafter:
     def prefill(self, context: Sequence[int]) -> None:
         return None
 
-    def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
-        draft = Draft(tokens=[], q_rows=None)
-        if k <= 0 or len(context) < 2:
-            return draft
+    def lookup(self, context: Sequence[int], avoid: Container[int] = ()) -> Match | None:
+        """The longest n-gram (``max_ngram`` down to ``min_ngram``) ending the context that occurred before;
+        among its occurrences the one whose preceding tokens agree longest, the latest of those."""
+        if len(context) < 2:
+            return None
         tokens = np.asarray(context, dtype=np.int64)
-        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
-            pattern = tokens[-n:]
+        end = len(tokens)
+        for n in range(min(self.max_ngram, end - 1), self.min_ngram - 1, -1):
             # all windows of length n that end before the last token
             windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
-            hits = np.flatnonzero((windows == pattern).all(axis=1))
-            if hits.size:
-                start = int(hits[-1]) + n
-                draft.tokens = [int(t) for t in tokens[start : start + k]]
-                return draft
-        return draft
+            hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+            if not hits.size:
+                continue
+            length = n
+            while length < self.max_match and end - length - 1 >= 0:  # extend the agreement backwards
+                before = hits - (length - n) - 1
+                agree = hits[(before >= 0) & (tokens[np.maximum(before, 0)] == tokens[end - length - 1])]
+                if not agree.size:  # no occurrence keeps up: the ones left agree longest
+                    break
+                hits, length = agree, length + 1
+            start = int(hits[-1]) + n
+            available = end - start
+            if avoid:  # stop before a token the target keeps replacing (a renamed identifier in an edit)
+                available = next((i for i, t in enumerate(context[start:end]) if t in avoid), available)
+            return Match(start=start, length=length, available=available)
+        return None
+
+    def propose(self, context: Sequence[int], k: int, mode: Mode, source: str = LOOKUP) -> Draft:
+        match = self.lookup(context) if k > 0 else None  # (the loop caps k by what it wants copied)
+        if match is None:
+            return Draft(tokens=[], q_rows=None, source=LOOKUP)
+        tokens = [int(t) for t in context[match.start : match.start + k]]
+        return Draft(tokens=tokens, q_rows=None, source=LOOKUP)
+
+
+class HybridDrafter:
+    """The draft model and prompt lookup behind one drafter: each step uses the source the loop names.
+
+    Which source (and how many tokens) is decided per step by adaptive
+    drafting from measured acceptance and costs: lookup where the context
+    predicts the continuation, the model where it does not, neither where
+    neither pays. Exactness holds either way: a lookup proposal is verified
+    with the one-hot rule, a model proposal with the q-rule of its own rows.
+    """
+
+    def __init__(self, model: ModelDrafter, lookup: NgramDrafter) -> None:
+        self.drafter = model
+        self.lookup_drafter = lookup
+        self.model = model.model
+        self.vocab_size = model.vocab_size
+        self.name = f"{model.name} + lookup"
+
+    @property
+    def catch_up_s(self) -> float:
+        return self.drafter.catch_up_s
+
+    def prefill(self, context: Sequence[int]) -> None:
+        self.drafter.prefill(context)
+
+    def lookup(self, context: Sequence[int], avoid: Container[int] = ()) -> Match | None:
+        return self.lookup_drafter.lookup(context, avoid)
+
+    def propose(self, context: Sequence[int], k: int, mode: Mode, source: str = MODEL) -> Draft:
+        if source == LOOKUP:
+            self.drafter.catch_up_s = 0.0  # the model drafted nothing this step
+            return self.lookup_drafter.propose(context, k, mode)
+        return self.drafter.propose(context, k, mode)

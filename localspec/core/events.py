@@ -82,6 +82,7 @@ class StepEvent:
     position: int  # absolute position of the first token this step emits
     k: int  # draft tokens requested this step
     drafted: list[int]
+    source: str  # where the drafts came from: "model", "lookup", or "" (none this step)
     n_accepted: int
     emitted: list[int]
     bonus: bool
@@ -122,6 +123,8 @@ class GenerationStats:
     wall_s: float = 0.0
     accepted_by_position: list[int] = field(default_factory=list)
     drafted_by_position: list[int] = field(default_factory=list)
+    # per draft source ("model", "lookup"): [steps, drafted, accepted] (a hybrid drafter uses both)
+    by_source: dict[str, list[int]] = field(default_factory=dict)
 
     def add_step(self, step: "StepEvent | dict[str, Any]") -> None:
         """Count one step. The loop counts with this as it goes, and :meth:`from_steps` with it from a
@@ -142,6 +145,11 @@ class GenerationStats:
         for i in range(n_drafted):
             self.drafted_by_position[i] += 1
             self.accepted_by_position[i] += i < n_kept
+        if n_drafted:
+            counts = self.by_source.setdefault(get("source", "") or "model", [0, 0, 0])
+            counts[0] += 1
+            counts[1] += n_drafted
+            counts[2] += n_kept
 
     @classmethod
     def from_steps(cls, steps: "Iterable[StepEvent | dict[str, Any]]", **known: Any) -> "GenerationStats":
@@ -155,6 +163,14 @@ class GenerationStats:
     def from_dict(cls, data: dict[str, Any]) -> "GenerationStats":
         """Read back :meth:`to_dict` (derived numbers are recomputed, not read)."""
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    def steps_by_source(self) -> str:
+        """Which drafter each step used, e.g. "lookup 37 · model 8 · none 15 steps" (hybrid drafting)."""
+        parts = [f"{source} {counts[0]}" for source, counts in sorted(self.by_source.items(), key=lambda i: -i[1][0])]
+        idle = self.steps - sum(counts[0] for counts in self.by_source.values())
+        if idle:
+            parts.append(f"none {idle}")
+        return " · ".join(parts) + " steps" if parts else ""
 
     @property
     def acceptance_rate(self) -> float:

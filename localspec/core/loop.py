@@ -21,8 +21,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from localspec.core.adaptive import AdaptiveK
-from localspec.core.drafters import Drafter
+from localspec.core.adaptive import AdaptiveK, Plan
+from localspec.core.drafters import LOOKUP, MODEL, Drafter
 from localspec.core.errors import ConfigError, PromptTooLongError
 from localspec.core.events import (
     GenerationResult,
@@ -40,6 +40,9 @@ from localspec.core.text import ReplyText
 from localspec.core.verify import Verdict
 
 MAX_DRAFT_TOKENS = 16
+# Without adaptive drafting, a drafter with both sources copies from the context when this many tokens
+# before its end agree with the occurrence found (a quote, not a coincidence), and asks the model otherwise.
+TRUSTED_MATCH = 8
 
 
 @dataclass
@@ -55,6 +58,7 @@ class GenerationOptions:
     detail_top: int = 0  # record the top-N of p and q of every verified row (UI, traces)
     adaptive: bool = False  # choose K per step (localspec.adaptive); draft_tokens is then the upper bound
     min_draft_tokens: int = 1  # lower bound of the adaptive K
+    lookup: bool = False  # a drafter with a model also copies from the context (HybridDrafter) where that pays
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -94,6 +98,9 @@ class _Request:
     controller: AdaptiveK | None
     n_ctx: int
     reply: _Reply = field(default_factory=_Reply)
+    # per token: how often the target kept it minus how often it replaced it, when lookup proposed it;
+    # lookup stops before tokens replaced more often than kept (an edit renames them everywhere)
+    lookup_votes: dict[int, int] = field(default_factory=dict)
     step: int = 0
     started: float = field(default_factory=time.perf_counter)
 
@@ -111,15 +118,26 @@ class _Request:
             return "context_full"
         return None
 
-    def next_k(self) -> int:
-        """Draft length of the next step: the chosen K, within the tokens left and both contexts' room."""
+    def next_plan(self) -> Plan:
+        """What the next step drafts: the chosen source and K, within the tokens left and both contexts' room."""
         if self.drafter is None:
-            return 0
-        wanted = self.controller.choose() if self.controller is not None else self.options.draft_tokens
-        draft_model = self.draft_model
-        draft_room = draft_model.context_size - len(self.context) + 1 if draft_model is not None else wanted
+            return Plan("", 0)
+        has_model = self.drafter.model is not None
+        match = None
+        if self.options.lookup or not has_model:
+            avoid = {token for token, votes in self.lookup_votes.items() if votes < 0}
+            match = self.drafter.lookup(self.context, avoid)
+        if self.controller is not None:
+            plan = self.controller.choose(match, model=has_model)
+        elif match is not None and (not has_model or match.length >= TRUSTED_MATCH):
+            plan = Plan(LOOKUP, self.options.draft_tokens, match.length)
+        else:
+            plan = Plan(MODEL if has_model else "", self.options.draft_tokens if has_model else 0)
+        room = self.n_ctx - len(self.context)
+        if plan.source == MODEL:  # the draft model's context must hold the drafts too
+            room = min(room, self.drafter.model.context_size - len(self.context) + 1)
         remaining = self.options.max_tokens - self.stats.n_tokens
-        return min(wanted, remaining - 1, self.n_ctx - len(self.context), draft_room)
+        return Plan(plan.source, max(0, min(plan.k, remaining - 1, room)), plan.match)
 
 
 class SpeculativeDecoder:
@@ -194,7 +212,7 @@ class SpeculativeDecoder:
                          options.seed, options.request_key)  # fmt: skip
         stats = GenerationStats(
             mode=mode.name if drafter is not None else "target-only",
-            drafter=drafter.name if drafter is not None else "none",
+            drafter=_drafter_name(drafter, options),
             seed=options.seed,
             k=options.draft_tokens if drafter is not None else 0,
             n_prompt=len(context),
@@ -212,11 +230,12 @@ class SpeculativeDecoder:
     def _step(self, request: "_Request") -> Iterator[TokenEvent | StepEvent]:
         """Draft, verify, emit: one step. Returns why the reply ended inside it (eos / stop_string), or None."""
         context, mode, drafter, stats = request.context, request.mode, request.drafter, request.stats
-        k = request.next_k()
+        plan = request.next_plan()
+        k = plan.k
         step_start = time.perf_counter()
         draft_t0, target_t0 = _decode_seconds(request.draft_model), self.target.decode_seconds
         # 1. the drafter proposes k tokens (a token the target lacks ends the draft: it has p = 0)
-        draft = drafter.propose(context, k, mode) if drafter is not None and k > 0 else Draft()
+        draft = drafter.propose(context, k, mode, plan.source) if drafter is not None and k > 0 else Draft()
         draft = _up_to_first_unscorable(draft, self.target.vocab_size)
         draft_s = _decode_seconds(request.draft_model) - draft_t0
         # 2. the target scores [last committed, d_1 .. d_k] in one batch
@@ -227,6 +246,9 @@ class SpeculativeDecoder:
         # 4. roll the target back to the committed tokens (the draft catches up next step)
         self.target.truncate(len(context) + verdict.n_accepted)
         verify_s = self.target.decode_seconds - target_t0
+        if draft.source == LOOKUP:
+            for check in verdict.checks:
+                request.lookup_votes[check.token] = request.lookup_votes.get(check.token, 0) + (1 if check.accepted else -1)
 
         emitted = draft.tokens[: verdict.n_accepted] + [verdict.token]
         position = len(context)
@@ -250,9 +272,11 @@ class SpeculativeDecoder:
         other_s = time.perf_counter() - step_start - draft_s - verify_s
         if request.controller is not None:  # the controller learns what drafting costs, without one-off catch-ups
             drafting_s = draft_s - (drafter.catch_up_s if drafter is not None and draft.tokens else 0.0)
-            request.controller.observe(len(draft.tokens), verdict.n_accepted, len(verdict.checks), drafting_s, verify_s, other_s)
+            request.controller.observe(len(draft.tokens), verdict.n_accepted, len(verdict.checks), drafting_s, verify_s,
+                                       other_s, plan.source, plan.match)  # fmt: skip
         step = StepEvent(
             step=request.step, position=position, k=k, drafted=list(draft.tokens), n_accepted=verdict.n_accepted,
+            source=draft.source if draft.tokens else "",
             emitted=emitted, bonus=verdict.bonus and bool(draft.tokens), rows=rows,
             draft_s=draft_s, verify_s=verify_s, other_s=other_s, residual_mass=verdict.residual_mass,
             examined=len(verdict.checks), n_kept=min(verdict.n_accepted, taken), n_added=n_added,
@@ -350,6 +374,12 @@ def _up_to_first_unscorable(draft: Draft, target_vocab: int) -> Draft:
                 draft.logits[:keep] if draft.logits is not None else None,
             )
     return draft
+
+
+def _drafter_name(drafter: Drafter | None, options: GenerationOptions) -> str:
+    if drafter is None:
+        return "none"
+    return drafter.name if options.lookup or drafter.model is None else drafter.model.name
 
 
 def _decode_seconds(model: LanguageModel | None) -> float:

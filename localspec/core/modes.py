@@ -37,6 +37,7 @@ class Draft:
     q_rows: list[np.ndarray] | None = None
     # Raw draft logits per token (model drafters only), for traces and the UI.
     logits: list[np.ndarray] | None = None
+    source: str = ""  # where the tokens came from: "model", "lookup" ("" = no draft)
 
 
 class LazyRows(Sequence[object]):
