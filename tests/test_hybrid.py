@@ -46,14 +46,12 @@ class AlternatingK(AdaptiveK):
 
 
 class LookupWithModelQ(HybridDrafter):
-    """Bug: a copied proposal verified with the q-rule, q taken from the draft model (it is one-hot)."""
+    """Bug: copied tokens verified with the q-rule, q taken from the draft model (their q is one-hot)."""
 
-    def propose(self, context, k, mode, source=MODEL):
-        if source != LOOKUP:
-            return super().propose(context, k, mode, source)
+    def propose(self, context, k, mode):
         copied = self.lookup_drafter.propose(context, k, mode)
         sampled = self.drafter.propose(context, len(copied.tokens), mode)
-        return Draft(copied.tokens, sampled.q_rows, sampled.logits, LOOKUP)
+        return Draft(copied.tokens, sampled.q_rows, sampled.logits, MODEL)
 
 
 def sample_hybrid(drafter_class, monkeypatch, mode: str = "rejection") -> tuple[np.ndarray, dict]:
@@ -117,41 +115,47 @@ def test_lookup_prefers_the_occurrence_that_agrees_longest() -> None:
     context = [7, 1, 2, 3, 4, 9, 9, 5, 2, 3, 4, 8, 1, 2, 3, 4]
     match = NgramDrafter(max_ngram=3).lookup(context)
     # "2 3 4" occurs twice; only the first is preceded by "1" as the context's end is
-    assert match == Match(start=5, length=4, available=len(context) - 5)
+    assert match == Match(start=5, length=4, tokens=tuple(context[5:]))
     latest = NgramDrafter(max_ngram=3).lookup([5, 2, 3, 4, 8, 1, 2, 3, 4, 6, 2, 3, 4])
     assert latest.start == 9 and latest.length == 3  # no longer agreement: the latest occurrence
 
 
-def test_lookup_stops_before_avoided_tokens() -> None:
+def test_lookup_applies_the_replies_edits() -> None:
     context = [1, 2, 3, 4, 5, 6, 1, 2]
-    assert NgramDrafter().lookup(context).available == 6
-    assert NgramDrafter().lookup(context, avoid={5}).available == 2  # copies "3 4", stops before 5
+    assert NgramDrafter().lookup(context).tokens == (3, 4, 5, 6, 1, 2)
+    assert NgramDrafter().lookup(context, {5: None}).tokens == (3, 4)  # replaced by something unknown: stop
+    assert NgramDrafter().lookup(context, {5: 9}).tokens == (3, 4, 9, 6, 1, 2)  # known replacement: copied
+    # after the reply wrote 9 where the prompt had 5, the text after it still matches the prompt
+    renamed = NgramDrafter().lookup([1, 2, 3, 4, 5, 6, 7, 8, 0, 3, 4, 9, 6], {5: 9})
+    assert renamed.length == 4 and renamed.tokens[:2] == (7, 8)
 
 
 class RenamingLM(ToyLM):
-    """Greedy target that copies the prompt's continuation but writes 5 wherever the text has 4."""
+    """Greedy target that continues the cycle 0 1 2 3 4, but writes 5 wherever the cycle has 4."""
 
     def logits(self, prefix):
         out = np.zeros(self.vocab_size)
-        last = prefix[-1]
-        follow = {1: 2, 2: 3, 3: 4, 4: 0, 5: 0, 0: 1}[last]
+        follow = {0: 1, 1: 2, 2: 3, 3: 4, 4: 0, 5: 0}[prefix[-1]]
         out[5 if follow == 4 else follow] = 10.0
         return out
 
 
-def test_a_renamed_token_is_proposed_once_then_avoided() -> None:
-    """An edit that renames a token everywhere: lookup proposes the old one once, then stops before it."""
+def test_a_renamed_token_is_learnt_once_then_copied_renamed() -> None:
+    """An edit that renames a token everywhere: lookup proposes the old one once, and from then on copies
+    the new one in its place, so every later step is accepted whole."""
     target = RenamingLM(V, seed=1)
     decoder = SpeculativeDecoder(target, target, NgramDrafter(max_ngram=2))
     prompt = [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]
-    rejected = []
+    steps = []
     for event in decoder.stream(prompt, SamplingParams(temperature=0.0),
-                                GenerationOptions(mode="greedy", max_tokens=30, draft_tokens=8)):  # fmt: skip
-        if isinstance(event, StepEvent) and event.n_accepted < len(event.drafted):
-            rejected.append(event.drafted[event.n_accepted])
+                                GenerationOptions(mode="greedy", max_tokens=40, draft_tokens=8)):  # fmt: skip
+        if isinstance(event, StepEvent):
+            steps.append(event)
         elif isinstance(event, GenerationResult):
-            assert event.token_ids == greedy_reference(target, prompt, 30)
-    assert rejected.count(4) == 1, rejected
+            assert event.token_ids == greedy_reference(target, prompt, 40)
+    rejected = [s.drafted[s.n_accepted] for s in steps if s.n_accepted < len(s.drafted)]
+    assert rejected == [4], rejected
+    assert all(s.n_accepted == len(s.drafted) for s in steps[2:-1])
 
 
 # ---------------------------------------------------------------------------
@@ -188,7 +192,7 @@ def edit_like(n: int, rng) -> tuple[list, list]:
     matches, alphas = [], []
     for i in range(n):
         quoted = (i // 40) % 2 == 0
-        matches.append(Match(0, 32 if quoted else 1, 200))
+        matches.append(Match(0, 32 if quoted else 1, (0,) * 200))
         alphas.append({LOOKUP: 0.97 if quoted else 0.2, MODEL: 0.8})
     return matches, alphas
 
@@ -215,7 +219,7 @@ def test_lookup_drafts_use_the_cheap_batch_sizes() -> None:
             return self._fitted_verify_seconds(rows)
 
     rng = np.random.default_rng(4)
-    matches = [Match(0, 32, 200)] * 1500
+    matches = [Match(0, 32, (0,) * 200)] * 1500
     alphas = [{LOOKUP: 0.97, MODEL: 0.8}] * 1500
     rate, plans = run_text(AdaptiveK(0, 8), matches, alphas, rng)
     sizes = [p.k + 1 for p in plans[-300:]]

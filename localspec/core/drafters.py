@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import Container, Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -23,10 +23,10 @@ LOOKUP = "lookup"  # a proposal copied from the context (deterministic: the one-
 
 @dataclass(frozen=True)
 class Match:
-    """What prompt lookup found: the continuation it would copy and how much evidence backs it.
+    """What prompt lookup found: the tokens it would copy and how much evidence backs them.
 
     ``length`` is how many tokens before the end of the context agree with the
-    tokens before ``start`` (the longest such earlier occurrence wins): a
+    tokens before the copied occurrence (the longest such occurrence wins): a
     continuation preceded by twenty agreeing tokens is far more likely to be
     the text's continuation than one found after a single token, so adaptive
     drafting keeps its acceptance estimates per length.
@@ -34,7 +34,11 @@ class Match:
 
     start: int  # index in the context where the copied continuation begins
     length: int  # agreeing tokens before it (at least the matched n-gram)
-    available: int  # tokens that can be copied (up to the end of the context)
+    tokens: tuple[int, ...]  # the proposal: what followed, with the reply's known edits applied
+
+    @property
+    def available(self) -> int:
+        return len(self.tokens)
 
 
 class Drafter(Protocol):
@@ -51,12 +55,12 @@ class Drafter(Protocol):
     def prefill(self, context: Sequence[int]) -> None:
         """Get ready for a request whose prompt is ``context`` (e.g. evaluate it)."""
 
-    def lookup(self, context: Sequence[int], avoid: Container[int] = ()) -> Match | None:
-        """What prompt lookup offers after ``context``, copying up to the first token in ``avoid``
-        (None: nothing, or this drafter does no lookup)."""
+    def lookup(self, context: Sequence[int], edits: Mapping[int, int | None] | None = None) -> Match | None:
+        """What prompt lookup offers after ``context`` (None: nothing, or this drafter does no lookup).
+        ``edits`` maps tokens the target keeps replacing to what it writes instead (None: unknown)."""
 
-    def propose(self, context: Sequence[int], k: int, mode: Mode, source: str = MODEL) -> Draft:
-        """Return at most ``k`` tokens (possibly none) from ``source`` (a drafter with one source ignores it)."""
+    def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
+        """Return at most ``k`` tokens (possibly none); a drafter with a model samples them from it."""
 
 
 class ModelDrafter:
@@ -79,10 +83,10 @@ class ModelDrafter:
         """Nothing yet: the first proposal catches up in one batch. A reply that never drafts (adaptive
         K found drafting does not pay) then never makes the draft read the prompt at all."""
 
-    def lookup(self, context: Sequence[int], avoid: Container[int] = ()) -> Match | None:
+    def lookup(self, context: Sequence[int], edits: Mapping[int, int | None] | None = None) -> Match | None:
         return None
 
-    def propose(self, context: Sequence[int], k: int, mode: Mode, source: str = MODEL) -> Draft:
+    def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
         draft = Draft(tokens=[], q_rows=[], logits=[], source=MODEL)
         if k <= 0:
             return draft
@@ -135,12 +139,19 @@ class NgramDrafter:
     rule (accept with ``p(d)``, resample from ``p`` without ``d``): still exact.
     Costs no model evaluation at all, which pays off when replies quote the
     prompt (summaries, code edits, extraction).
+
+    Edits: a reply that renames an identifier writes ``records`` wherever the
+    prompt has ``orders``. Once the target has replaced a copied token, the
+    lookup matches with the new token read as the old one (so the text after a
+    renamed token still agrees with the prompt) and copies with the old token
+    written as the new one; a token replaced by something unknown ends the copy.
     """
 
     name = "ngram"
     model = None  # copies from the context: no model, no decode time
     catch_up_s = 0.0
     max_match = 64  # agreement counted up to this many tokens (enough to tell a quote from a coincidence)
+    max_copy = 32  # most tokens one lookup offers
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -151,12 +162,18 @@ class NgramDrafter:
     def prefill(self, context: Sequence[int]) -> None:
         return None
 
-    def lookup(self, context: Sequence[int], avoid: Container[int] = ()) -> Match | None:
+    def lookup(self, context: Sequence[int], edits: Mapping[int, int | None] | None = None) -> Match | None:
         """The longest n-gram (``max_ngram`` down to ``min_ngram``) ending the context that occurred before;
         among its occurrences the one whose preceding tokens agree longest, the latest of those."""
         if len(context) < 2:
             return None
         tokens = np.asarray(context, dtype=np.int64)
+        if edits:  # read every new token as the old one it replaced, so text after an edit still matches
+            original = tokens
+            tokens = tokens.copy()
+            for old, new in edits.items():
+                if new is not None:
+                    tokens[original == new] = old
         end = len(tokens)
         for n in range(min(self.max_ngram, end - 1), self.min_ngram - 1, -1):
             # all windows of length n that end before the last token
@@ -172,24 +189,30 @@ class NgramDrafter:
                     break
                 hits, length = agree, length + 1
             start = int(hits[-1]) + n
-            available = end - start
-            if avoid:  # stop before a token the target keeps replacing (a renamed identifier in an edit)
-                available = next((i for i, t in enumerate(context[start:end]) if t in avoid), available)
-            return Match(start=start, length=length, available=available)
+            return Match(start, length, _apply_edits(tokens[start : start + self.max_copy], edits))
         return None
 
-    def propose(self, context: Sequence[int], k: int, mode: Mode, source: str = LOOKUP) -> Draft:
-        match = self.lookup(context) if k > 0 else None  # (the loop caps k by what it wants copied)
-        if match is None:
-            return Draft(tokens=[], q_rows=None, source=LOOKUP)
-        tokens = [int(t) for t in context[match.start : match.start + k]]
-        return Draft(tokens=tokens, q_rows=None, source=LOOKUP)
+    def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
+        match = self.lookup(context) if k > 0 else None
+        return Draft(tokens=list(match.tokens[:k]) if match else [], q_rows=None, source=LOOKUP)
+
+
+def _apply_edits(copied: np.ndarray, edits: Mapping[int, int | None] | None) -> tuple[int, ...]:
+    """The copied tokens with each edited token written as its replacement, up to one with no known replacement."""
+    out = []
+    for token in copied.tolist():
+        if edits and token in edits:
+            if edits[token] is None:
+                break
+            token = edits[token]
+        out.append(token)
+    return tuple(out)
 
 
 class HybridDrafter:
-    """The draft model and prompt lookup behind one drafter: each step uses the source the loop names.
+    """The draft model and prompt lookup behind one drafter.
 
-    Which source (and how many tokens) is decided per step by adaptive
+    Which of them drafts (and how many tokens) is decided per step by adaptive
     drafting from measured acceptance and costs: lookup where the context
     predicts the continuation, the model where it does not, neither where
     neither pays. Exactness holds either way: a lookup proposal is verified
@@ -210,11 +233,8 @@ class HybridDrafter:
     def prefill(self, context: Sequence[int]) -> None:
         self.drafter.prefill(context)
 
-    def lookup(self, context: Sequence[int], avoid: Container[int] = ()) -> Match | None:
-        return self.lookup_drafter.lookup(context, avoid)
+    def lookup(self, context: Sequence[int], edits: Mapping[int, int | None] | None = None) -> Match | None:
+        return self.lookup_drafter.lookup(context, edits)
 
-    def propose(self, context: Sequence[int], k: int, mode: Mode, source: str = MODEL) -> Draft:
-        if source == LOOKUP:
-            self.drafter.catch_up_s = 0.0  # the model drafted nothing this step
-            return self.lookup_drafter.propose(context, k, mode)
+    def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
         return self.drafter.propose(context, k, mode)

@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from localspec.core.adaptive import AdaptiveK, Plan
-from localspec.core.drafters import LOOKUP, MODEL, Drafter
+from localspec.core.drafters import LOOKUP, MODEL, Drafter, Match
 from localspec.core.errors import ConfigError, PromptTooLongError
 from localspec.core.events import (
     GenerationResult,
@@ -99,8 +99,10 @@ class _Request:
     n_ctx: int
     reply: _Reply = field(default_factory=_Reply)
     # per token: how often the target kept it minus how often it replaced it, when lookup proposed it;
-    # lookup stops before tokens replaced more often than kept (an edit renames them everywhere)
+    # tokens replaced more often than kept are the reply's edits (a renamed identifier) ...
     lookup_votes: dict[int, int] = field(default_factory=dict)
+    # ... and what the target wrote instead of each (None: not known), which lookup copies in their place
+    edits: dict[int, int | None] = field(default_factory=dict)
     step: int = 0
     started: float = field(default_factory=time.perf_counter)
 
@@ -118,15 +120,15 @@ class _Request:
             return "context_full"
         return None
 
-    def next_plan(self) -> Plan:
-        """What the next step drafts: the chosen source and K, within the tokens left and both contexts' room."""
+    def next_plan(self) -> tuple[Plan, Match | None]:
+        """What the next step drafts: the chosen source and K, within the tokens left and both contexts'
+        room; and what lookup found (its tokens are the proposal of a LOOKUP plan)."""
         if self.drafter is None:
-            return Plan("", 0)
+            return Plan("", 0), None
         has_model = self.drafter.model is not None
         match = None
         if self.options.lookup or not has_model:
-            avoid = {token for token, votes in self.lookup_votes.items() if votes < 0}
-            match = self.drafter.lookup(self.context, avoid)
+            match = self.drafter.lookup(self.context, self.edits)
         if self.controller is not None:
             plan = self.controller.choose(match, model=has_model)
         elif match is not None and (not has_model or match.length >= TRUSTED_MATCH):
@@ -137,7 +139,23 @@ class _Request:
         if plan.source == MODEL:  # the draft model's context must hold the drafts too
             room = min(room, self.drafter.model.context_size - len(self.context) + 1)
         remaining = self.options.max_tokens - self.stats.n_tokens
-        return Plan(plan.source, max(0, min(plan.k, remaining - 1, room)), plan.match)
+        return Plan(plan.source, max(0, min(plan.k, remaining - 1, room)), plan.match), match
+
+    def learn_edits(self, draft: Draft, verdict: Verdict) -> None:
+        """After a lookup step: count which copied tokens the target kept or replaced, and with what."""
+        for check in verdict.checks:
+            token = check.token
+            self.lookup_votes[token] = self.lookup_votes.get(token, 0) + (1 if check.accepted else -1)
+            if check.accepted:
+                if self.lookup_votes[token] >= 0:
+                    self.edits.pop(token, None)
+                continue
+            replaced = [old for old, new in self.edits.items() if new == token]
+            for old in replaced:  # a copied replacement was itself replaced: that edit was a guess
+                del self.edits[old]
+                self.lookup_votes[old] = 0
+            if not replaced and self.lookup_votes[token] < 0:
+                self.edits[token] = verdict.token if verdict.token != token else None
 
 
 class SpeculativeDecoder:
@@ -230,12 +248,16 @@ class SpeculativeDecoder:
     def _step(self, request: "_Request") -> Iterator[TokenEvent | StepEvent]:
         """Draft, verify, emit: one step. Returns why the reply ended inside it (eos / stop_string), or None."""
         context, mode, drafter, stats = request.context, request.mode, request.drafter, request.stats
-        plan = request.next_plan()
+        plan, match = request.next_plan()
         k = plan.k
         step_start = time.perf_counter()
         draft_t0, target_t0 = _decode_seconds(request.draft_model), self.target.decode_seconds
-        # 1. the drafter proposes k tokens (a token the target lacks ends the draft: it has p = 0)
-        draft = drafter.propose(context, k, mode, plan.source) if drafter is not None and k > 0 else Draft()
+        # 1. k tokens copied by lookup, or proposed by the drafter (a token the target lacks ends the
+        #    draft: it has p = 0)
+        if plan.source == LOOKUP:
+            draft = Draft(list(match.tokens[:k]), None, source=LOOKUP)
+        else:
+            draft = drafter.propose(context, k, mode) if k > 0 else Draft()
         draft = _up_to_first_unscorable(draft, self.target.vocab_size)
         draft_s = _decode_seconds(request.draft_model) - draft_t0
         # 2. the target scores [last committed, d_1 .. d_k] in one batch
@@ -247,8 +269,7 @@ class SpeculativeDecoder:
         self.target.truncate(len(context) + verdict.n_accepted)
         verify_s = self.target.decode_seconds - target_t0
         if draft.source == LOOKUP:
-            for check in verdict.checks:
-                request.lookup_votes[check.token] = request.lookup_votes.get(check.token, 0) + (1 if check.accepted else -1)
+            request.learn_edits(draft, verdict)
 
         emitted = draft.tokens[: verdict.n_accepted] + [verdict.token]
         position = len(context)
@@ -271,7 +292,7 @@ class SpeculativeDecoder:
         taken = n_added + (finished == "eos")  # the emitted tokens the reply took, an ending EOS included
         other_s = time.perf_counter() - step_start - draft_s - verify_s
         if request.controller is not None:  # the controller learns what drafting costs, without one-off catch-ups
-            drafting_s = draft_s - (drafter.catch_up_s if drafter is not None and draft.tokens else 0.0)
+            drafting_s = draft_s - (drafter.catch_up_s if draft.source == MODEL and draft.tokens else 0.0)
             request.controller.observe(len(draft.tokens), verdict.n_accepted, len(verdict.checks), drafting_s, verify_s,
                                        other_s, plan.source, plan.match)  # fmt: skip
         step = StepEvent(
