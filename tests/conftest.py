@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -104,36 +105,24 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def ui_server(demo_paths, tmp_path_factory, test_config):
-    """`localspec ui` in a subprocess on a free port (demo pair, short replies); yields (url, process, log).
-
-    Ready means the server printed its URL line, which it does once it answers:
-    the fixture waits for that line (or for the process to exit), never for a clock.
-    """
+@contextmanager
+def running_server(args: list[str], ready_prefix: str, log_path: Path, env: dict[str, str]):
+    """`localspec ARGS` in a subprocess; yields (its ready line, process, log) once it printed a line
+    starting with ``ready_prefix`` — which it does once it answers: the wait is for that line (or for
+    the process to exit), never for a clock."""
     import threading
 
-    target, draft, _ = demo_paths
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("ui") / "server.log"
     writer = log_path.open("a")
-    env = {**os.environ, "LOCALSPEC_CACHE": str(tmp_path_factory.getbasetemp() / "cache"), "PYTHONUNBUFFERED": "1",
-           "LOCALSPEC_CONFIG": str(test_config)}  # (session fixtures start before the per-test environment)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "localspec", "ui", "--port", str(port), "--ctx", "4096", "--max-tokens", "24",
-         "--threads", str(TEST_THREADS),
-         "--target", str(target), "--draft", str(draft)],  # fmt: skip
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    ready_or_gone, ready = threading.Event(), threading.Event()
+    proc = subprocess.Popen([sys.executable, "-m", "localspec", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    ready_or_gone, found = threading.Event(), []
 
-    def copy_output() -> None:  # the server's output goes to the log; its URL line means "ready"
+    def copy_output() -> None:  # the server's output goes to the log; its ready line means "ready"
         for line in proc.stdout:
             writer.write(line)
             writer.flush()
-            if line.startswith(f"localspec UI: {url}"):
-                ready.set()
+            if line.startswith(ready_prefix) and not found:
+                found.append(line.strip())
                 ready_or_gone.set()
         ready_or_gone.set()  # end of output: the process exited
 
@@ -141,12 +130,12 @@ def ui_server(demo_paths, tmp_path_factory, test_config):
     copier.start()
     try:
         ready_or_gone.wait()
-        if not ready.is_set():
+        if not found:
             proc.wait()
             copier.join()
-            pytest.fail(f"`localspec ui` exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            pytest.fail(f"`localspec {args[0]}` exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
         with log_path.open() as log:  # the tests' own handle: reading never moves the writer
-            yield url, proc, log
+            yield found[0], proc, log
     finally:
         proc.terminate()
         try:
@@ -156,3 +145,22 @@ def ui_server(demo_paths, tmp_path_factory, test_config):
             proc.wait()
         copier.join()
         writer.close()
+
+
+def server_env(tmp_path_factory, test_config) -> dict[str, str]:
+    # (session fixtures start before the per-test environment)
+    return {**os.environ, "LOCALSPEC_CACHE": str(tmp_path_factory.getbasetemp() / "cache"), "PYTHONUNBUFFERED": "1",
+            "LOCALSPEC_CONFIG": str(test_config)}
+
+
+@pytest.fixture(scope="session")
+def ui_server(demo_paths, tmp_path_factory, test_config):
+    """`localspec ui` in a subprocess on a free port (demo pair, short replies); yields (url, process, log)."""
+    target, draft, _ = demo_paths
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["ui", "--port", str(port), "--ctx", "4096", "--max-tokens", "24", "--threads", str(TEST_THREADS),
+            "--target", str(target), "--draft", str(draft)]  # fmt: skip
+    log_path = tmp_path_factory.mktemp("ui") / "server.log"
+    with running_server(args, f"localspec UI: {url}", log_path, server_env(tmp_path_factory, test_config)) as (_, proc, log):
+        yield url, proc, log

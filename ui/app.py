@@ -514,8 +514,11 @@ def _key(request: Any) -> str:
     return getattr(request, "session_hash", None) or "default"
 
 
-def launch(config: Config) -> None:
-    """Start the UI on ``config.ui.host:config.ui.port`` and block until interrupted."""
+def launch(config: Config, api: Callable[..., None] | None = None) -> None:
+    """Start the UI on ``config.ui.host:config.ui.port`` and block until interrupted.
+
+    ``api``: the API front end's mount (``localspec ui --api``), given the UI's server app and the
+    session's current engine, so the OpenAI-style API and the chat share one loaded pair."""
     from .theme import CSS, HEAD
 
     session = Session(config)
@@ -553,6 +556,9 @@ def launch(config: Config) -> None:
             prevent_thread_lock=True,
             allowed_paths=allowed_paths(config),
         )
+        if api is not None:
+            api(demo.server_app, lambda: session.engine, config)
+            print(f"localspec API: http://{host}:{port}/v1 (OpenAI-compatible, sharing the UI's models)", flush=True)
         # printed once the server answers: scripts (and the tests) wait for this line, not for a clock
         print(f"localspec UI: http://{host}:{port}  (pair: {session.pair_name}; Ctrl-C to stop)", flush=True)
         demo.block_thread()

@@ -88,6 +88,15 @@ class UIConfig(_Section):
 
 
 @dataclass(frozen=True)
+class ServeConfig(_Section):
+    host: str = setting("127.0.0.1", "address the API server binds to (127.0.0.1 = this machine only)")
+    port: int = setting(8000, "port of the API server (0 = any free port)", 0, 65535)
+    api_key: str = setting("", "require 'Authorization: Bearer <key>' on every API request; empty = no key")
+    queue_limit: int = setting(8, "requests that may wait while one generates; more are answered 503", 0, 10_000)
+    max_body_kb: int = setting(1024, "largest API request body in KiB; larger ones are answered 413", 1, 1_048_576)
+
+
+@dataclass(frozen=True)
 class TraceConfig(_Section):
     dir: str = setting("traces", "where traces (JSONL) are saved")
     top_n: int = setting(10, "top-N of p and q recorded per verified position in the UI and traces", 0, 100)
@@ -99,6 +108,7 @@ _SECTION_OF = {
     "SpeculativeConfig": "speculative",
     "ChatConfig": "chat",
     "UIConfig": "ui",
+    "ServeConfig": "serve",
     "TraceConfig": "trace",
 }
 
@@ -112,6 +122,7 @@ class Config:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     chat: ChatConfig = field(default_factory=ChatConfig)
     ui: UIConfig = field(default_factory=UIConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     source: Path | None = None  # the file this came from; relative paths are relative to it
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from localspec.app.config import Config
 from localspec.app.templates import Message
@@ -31,10 +31,18 @@ class Turn:
 
     user: str
     trace: Trace | None = None
+    answer: str | None = None  # a reply written elsewhere (an API client sends its history), not generated here
 
     @property
     def reply(self) -> str:
+        if self.answer is not None:
+            return self.answer
         return self.trace.text if self.trace is not None else ""
+
+    @property
+    def replied(self) -> bool:
+        """Whether the turn has a reply the next prompt carries (one that failed does not count)."""
+        return self.answer is not None or (self.trace is not None and not self.trace.error)
 
 
 @dataclass
@@ -51,7 +59,7 @@ class Conversation:
         return self._history(self.dropped)
 
     def _history(self, dropped: int) -> list[tuple[str, str]]:
-        return [(t.user, t.reply) for t in self.turns[dropped:] if t.trace is not None and not t.trace.error]
+        return [(t.user, t.reply) for t in self.turns[dropped:] if t.replied]
 
     def system_prompt(self, config: Config) -> str:
         return config.chat.system_prompt if self.system is None else self.system
@@ -105,6 +113,7 @@ class Conversation:
         user: str,
         cancel: threading.Event | None = None,
         detail_top: int = 0,
+        stop: Sequence[str] = (),
     ) -> Iterator[Event]:
         """Stream one reply to ``user``; the new turn's trace grows with every event yielded.
 
@@ -114,7 +123,7 @@ class Conversation:
         one cut short by ``cancel`` (the partial text is the answer).
         """
         prepared, dropped, note = self.prompt(engine, config, user)
-        options = engine.options(config, detail_top=detail_top)
+        options = engine.options(config, detail_top=detail_top, stop=tuple(stop) or None)
         params = config.sampling.params()
         if options.mode != "target-only" and engine.drafter is not None:
             try:

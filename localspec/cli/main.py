@@ -43,9 +43,13 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "chat.system_prompt": ("--system",),
     "ui.host": ("--host",),
     "ui.port": ("--port",),
+    "serve.host": ("--host",),
+    "serve.port": ("--port",),
+    "serve.api_key": ("--api-key",),
+    "serve.queue_limit": ("--queue-limit",),
 }
 PAIR_KEYS = ("model.pair", "model.target", "model.draft")
-GENERATION_KEYS = tuple(k for k in FLAGS if not k.startswith("ui."))
+GENERATION_KEYS = tuple(k for k in FLAGS if not k.startswith(("ui.", "serve.")))
 
 
 @dataclass
@@ -338,14 +342,33 @@ def ensure_models(config: Config) -> None:
 
 
 @cli.command()
-@setting_flags(*GENERATION_KEYS, "ui.host", "ui.port")
+@setting_flags(*GENERATION_KEYS, "ui.host", "ui.port", "serve.api_key", "serve.queue_limit")
+@click.option("--api", is_flag=True, help="Also answer the OpenAI-compatible API (/v1/...) on the UI's address, "
+                                          "with the same loaded models.")  # fmt: skip
 @click.pass_obj
-def ui(state: AppState, **kwargs: Any) -> None:
+def ui(state: AppState, api: bool, **kwargs: Any) -> None:
     """Start the Gradio chat with live token fates and the acceptance debugging view."""
     config = state.config(flag_values(kwargs))
     launch = frontend("ui")
+    mount = frontend("serve-mount") if api else None
     ensure_models(config)
-    launch(config)
+    launch(config, api=mount)
+
+
+@cli.command()
+@setting_flags(*GENERATION_KEYS, "serve.host", "serve.port", "serve.api_key", "serve.queue_limit")
+@click.pass_obj
+def serve(state: AppState, **kwargs: Any) -> None:
+    """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models)
+    with every token's fate in each chunk; binds 127.0.0.1 by default."""
+    config = state.config(flag_values(kwargs))
+    run_server = frontend("serve")
+    ensure_models(config)
+    engine = load_engine(config, state.verbose)
+    try:
+        run_server(engine, config)
+    finally:
+        engine.close()
 
 
 @cli.command()

@@ -156,6 +156,12 @@ class AdaptiveK:
             return None
         return expected_tokens_per_step(self.alpha, k) / seconds
 
+    def new_reply(self) -> None:
+        """A new reply starts: costs and the draft model's acceptance carry over, but whether lookup
+        pays is a property of the text (does this reply quote its context?), so its estimates start
+        again from the prior instead of from the last reply's."""
+        self._lookup.clear()
+
     def lookup_alpha(self, length: int) -> float:
         """Acceptance estimate of a lookup match ``length`` tokens long: its bin's counts, with the rule of
         succession's ``m / (m + 1)`` (``m`` = the bin's bound) as a prior worth ``prior_weight`` drafts."""

@@ -236,6 +236,8 @@ class SpeculativeDecoder:
             n_prompt=len(context),
         )
         controller = self._controller(options, params) if drafter is not None and options.adaptive else None
+        if controller is not None:
+            controller.new_reply()
         self.controller = controller  # inspectable after a run (bench, tests)
         request = _Request(context, options, mode, drafter, stats, ReplyText(self.vocab.token_bytes, options.stop),
                            controller, n_ctx)  # fmt: skip
