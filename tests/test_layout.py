@@ -19,6 +19,7 @@ ALLOWED = {  # layer -> layers it may import
     "app": {"app", "core", "llama"},
     "cli": {"cli", "app", "core"},
     "bench": {"bench", "app", "core"},
+    "serve": {"serve", "app", "core"},
     "ui": {"ui", "app", "core"},
 }
 
