@@ -59,10 +59,10 @@ models: install
 	$(BIN)/localspec models prepare --with-test-models
 
 test: install-dev models
-	$(BIN)/python -m pytest -n 2 --timeout 900
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --timeout 900
 
 test-fast: install-dev
-	$(BIN)/python -m pytest -n 2 -m "not models and not browser"
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not models and not browser"
 
 bench: install
 	$(BIN)/localspec bench

@@ -18,7 +18,7 @@ import pytest
 
 from .conftest import TEST_THREADS, run_cli, running_server, server_env
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.xdist_group("servers")]  # not beside the browser tests (loadgroup)
 KEY = "test-key-123"
 PROMPT = "Write one sentence about the sea."
 
@@ -84,6 +84,30 @@ def test_greedy_through_the_api_equals_localspec_generate(server) -> None:
     assert cli.returncode == 0, cli.stderr
     assert reply.choices[0].message.content == cli.stdout.rstrip("\n")
     assert reply.model_extra["localspec"]["mode"] == "greedy"
+
+
+def test_invariant_mode_is_reproducible_whatever_the_draft(server) -> None:
+    """The API's reproducible mode: the same seed gives the text `localspec generate` gives with no draft."""
+    base, _ = server
+    reply = client(base).chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": PROMPT}], max_tokens=24, temperature=0.8, seed=7,
+        extra_body={"mode": "invariant"})  # fmt: skip
+    alone = run_cli("generate", PROMPT, "--pair", "demo", "--draft", "none", "--mode", "invariant", "-t", "0.8",
+                    "--seed", "7", "--max-tokens", "24")  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    assert reply.choices[0].message.content == alone.stdout.rstrip("\n")
+    assert reply.model_extra["localspec"]["drafted"] > 0  # the API's reply did use its draft
+
+
+def test_a_request_can_ask_for_its_trace(server) -> None:
+    from localspec.app.trace import Trace
+
+    base, _ = server
+    reply = post(base, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+                                              "trace": True}).json()  # fmt: skip
+    trace = Trace.load(reply["localspec"]["trace"])
+    assert trace.text == reply["choices"][0]["message"]["content"]
+    assert len(trace.tokens) == reply["usage"]["completion_tokens"]
 
 
 def test_completions_models_and_health(server) -> None:

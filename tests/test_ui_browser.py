@@ -15,7 +15,8 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.browser, pytest.mark.models]
+# with the API soak test, the heaviest server tests: one worker runs them one after another (--dist loadgroup)
+pytestmark = [pytest.mark.browser, pytest.mark.models, pytest.mark.xdist_group("servers")]
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

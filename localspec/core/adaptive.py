@@ -114,9 +114,11 @@ class AdaptiveK:
 
     def verify_seconds(self, rows: int) -> float | None:
         """Predicted target seconds for a verification batch of ``rows`` rows (None before any data):
-        the median of its recent measurements while they are fresh, else the fitted line."""
+        the median of its recent measurements, else the fitted line. A size's own samples never age
+        out by the clock: a long stretch of one-row steps (nothing pays) says nothing new about what
+        8 rows cost, and forgetting it would hand the choice back to the line."""
         samples = self._verify.get(rows)
-        if samples and self._observed - samples[-1][0] < 4 * self.stale_steps:
+        if samples:
             return statistics.median(t for _, t in samples)
         return self._fitted_verify_seconds(rows)
 

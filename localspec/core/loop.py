@@ -173,7 +173,7 @@ class SpeculativeDecoder:
     def _controller(self, options: GenerationOptions, params: SamplingParams) -> AdaptiveK:
         """The adaptive-K controller for these settings, kept across requests (chat turns) so a new
         reply starts from the acceptance and costs measured so far instead of from the prior."""
-        key = (options.mode, params.temperature, options.min_draft_tokens, options.draft_tokens)
+        key = (options.mode, params.temperature, options.min_draft_tokens, options.draft_tokens, options.lookup)
         controller = self._controllers.get(key)
         if controller is None:
             controller = self._controllers[key] = AdaptiveK(options.min_draft_tokens, options.draft_tokens)
