@@ -142,11 +142,17 @@ def test_a_second_tab_waits_and_its_stop_cancels_the_queued_request(page, ui_ser
         other.locator("#ls-stop").click()  # Stop while the request waits in the queue
 
         # the first reply grows longer than the chat box (an event, not a clock) before it is stopped
-        page.wait_for_function(
-            "(() => { const log = document.getElementById('ls-chat-log');"
-            " return log && log.scrollHeight > log.clientHeight + 50; })()",
-            timeout=120_000,
-        )
+        try:
+            page.wait_for_function(
+                "(() => { const log = document.getElementById('ls-chat-log');"
+                " return log && log.scrollHeight > log.clientHeight + 50; })()",
+                timeout=180_000,
+            )
+        except Exception:
+            page.locator("#ls-chat-log").screenshot(path=str(ARTIFACTS / "debug-first-tab-log.png"))
+            print("LAST:", page.locator("#ls-chat-log").inner_text()[-600:])
+            print("NOTICE:", page.locator("#ls-notice").inner_text() if page.locator("#ls-notice").count() else None)
+            raise
         page.locator("#ls-stop").click()  # the first reply ends within one step and the queue moves on
         page.wait_for_function("!document.querySelector('#ls-chat-log .ls-cursor')", timeout=60_000)
         assert "stopped" in page.locator("#ls-chat-log .ls-assistant").last.inner_text()
