@@ -141,7 +141,7 @@ class _Request:
         remaining = self.options.max_tokens - self.stats.n_tokens
         return Plan(plan.source, max(0, min(plan.k, remaining - 1, room)), plan.match), match
 
-    def learn_edits(self, draft: Draft, verdict: Verdict) -> None:
+    def learn_edits(self, verdict: Verdict) -> None:
         """After a lookup step: count which copied tokens the target kept or replaced, and with what."""
         for check in verdict.checks:
             token = check.token
@@ -271,7 +271,7 @@ class SpeculativeDecoder:
         self.target.truncate(len(context) + verdict.n_accepted)
         verify_s = self.target.decode_seconds - target_t0
         if draft.source == LOOKUP:
-            request.learn_edits(draft, verdict)
+            request.learn_edits(verdict)
 
         emitted = draft.tokens[: verdict.n_accepted] + [verdict.token]
         position = len(context)

@@ -51,13 +51,6 @@ class ServeOptions:
     max_body_bytes: int = 1 << 20
 
 
-@dataclass
-class Reply:
-    """One generation's output as the API reports it: text chunks with their tokens' fates, then the end."""
-
-    chunks: list[dict[str, Any]]
-
-
 class Api:
     """The engine behind the HTTP routes: admission, one generation at a time, chunks out."""
 
