@@ -12,6 +12,7 @@ import pytest
 
 from localspec.app.config import Config
 from localspec.core.adaptive import AdaptiveK, Plan
+from localspec.core.calibrate import Costs, measure_costs
 from localspec.core.drafters import MODEL, ModelDrafter
 from localspec.core.errors import ConfigError
 from localspec.core.events import GenerationResult, StepEvent
@@ -141,7 +142,7 @@ class OutcomeDrivenK(AdaptiveK):
 
     last_accepted = 0
 
-    def choose(self, match=None, model: bool = True) -> Plan:
+    def choose(self, match=None, model: bool = True, backlog: int = 0) -> Plan:
         k = {0: 3, 1: 2}.get(self.last_accepted, 1) if self.history else 1
         self.history.append(k)
         return Plan(MODEL, k)
@@ -333,3 +334,113 @@ def test_a_useless_draft_is_stopped_and_a_good_one_taken_back() -> None:
     assert controller.history[-300:].count(0) >= 285
     run_costed(controller, 0.97, 0.004, verify, 400, rng)
     assert np.median(controller.history[-50:]) >= 4
+
+
+# ---------------------------------------------------------------------------
+# costs measured before the first step
+# ---------------------------------------------------------------------------
+class ClockedLM(ToyLM):
+    """A toy whose decode clock advances by a given cost per batch of ``rows`` tokens."""
+
+    def __init__(self, *args, cost=lambda rows: 0.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cost = cost
+        self.clock = 0.0
+
+    def extend(self, tokens, n_logits):
+        self.clock += self.cost(len(tokens))
+        return super().extend(tokens, n_logits)
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.clock
+
+
+def cpu_verify(rows: int) -> float:
+    """The real pair's target on two cores (measured): rows go to a gemm in fours, the rest to a gemv."""
+    return 0.0105 + 0.016 * (rows - rows % 4) + 0.0193 * (rows % 4)
+
+
+def test_measured_costs_leave_both_caches_as_they_were() -> None:
+    target = ClockedLM(V, seed=1, cost=cpu_verify)
+    draft = ClockedLM(V, seed=2, cost=lambda rows: 0.015 * rows)
+    target.extend([1, 2, 3], 1)
+    draft.extend([1, 2], 1)
+    costs = measure_costs(target, draft)
+    assert costs.verify_s == {n: pytest.approx(cpu_verify(n)) for n in (1, 2, 4, 8, 16)}
+    assert costs.draft_token_s == pytest.approx(0.015)
+    assert (target.cache, draft.cache) == ([1, 2, 3], [1, 2])
+    assert measure_costs(ToyLM(V, seed=1), ToyLM(V, seed=2)) == Costs()  # no clock: nothing to start from
+
+
+def gpu_verify(rows: int) -> float:
+    """A GPU-like target: a batch of 9 rows costs barely more than one."""
+    return 0.010 + 0.0005 * rows
+
+
+@pytest.mark.parametrize("verify, draft_token_s, drafts", [(cpu_verify, 0.015, False), (gpu_verify, 0.002, True)])
+def test_measured_costs_decide_the_first_step(verify, draft_token_s: float, drafts: bool) -> None:
+    """A draft at 0.6 of a target token with CPU verification cannot pay even at acceptance 1: a seeded
+    controller does not draft with it from the first step on (before, it started at K = 8 and learnt that
+    the hard way); a cheap draft with cheap verification is used from the first step."""
+    seeded = AdaptiveK(0, 8)
+    seeded.seed(Costs({n: verify(n) for n in (1, 2, 4, 8, 16)}, draft_token_s))
+    first = [seeded.choose().k for _ in range(8)]
+    assert (max(first) > 0) == drafts, first
+    assert AdaptiveK(0, 8).choose().k == 8  # control: without costs it can only guess
+
+
+def test_the_loop_measures_costs_once_and_starts_every_controller_from_them() -> None:
+    target = ClockedLM(V, seed=11, cost=cpu_verify)
+    draft = ClockedLM(V, seed=23, base=target, noise=0.5, cost=lambda rows: 0.015 * rows)
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    params = SamplingParams(temperature=0.0)
+    for k in (4, 8):
+        options = GenerationOptions(mode="greedy", max_tokens=20, draft_tokens=k, adaptive=True, min_draft_tokens=0)
+        result = decoder.run([0, 1, 2], params, options)
+        assert result.token_ids == greedy_reference(target, [0, 1, 2], 20)
+        assert result.stats.drafted == 0  # hopeless costs: the model never drafted
+    assert decoder.costs.draft_token_s == pytest.approx(0.015)
+    assert len(decoder._controllers) == 2
+
+
+def test_a_hopeless_draft_is_never_made_to_catch_up_only_timed_again() -> None:
+    """Costs that rule drafting out even at acceptance 1: the probes time one draft token
+    (``remeasure_draft``) instead of drafting, since a drafting probe would make the draft read
+    everything it sat out (a whole prompt: seconds). When the timing shows the draft got cheap (the
+    machine's load changed), the model drafts again."""
+    controller = AdaptiveK(0, 8)
+    controller.seed(Costs({n: cpu_verify(n) for n in (1, 2, 4, 8, 16)}, 0.015))
+    remeasures = 0
+    for step in range(3000):
+        plan = controller.choose(None, backlog=step)
+        assert plan.k == 0, step
+        if controller.remeasure_draft:
+            remeasures += 1
+            controller.remeasured(0.015)
+        controller.observe(0, 0, 0, 0.0, cpu_verify(1), 1e-4)
+    assert 3000 / 256 - 2 <= remeasures <= 3000 / 256 + 2  # one per 4 x max_probe_gap steps
+    for _ in range(256):  # the draft has become nearly free, and verification cheap: drafting pays again
+        if controller.remeasure_draft:
+            controller.remeasured(0.0005)
+        controller.choose(None)
+        controller.observe(0, 0, 0, 0.0, gpu_verify(1), 1e-4)
+    for rows in range(2, 10):
+        controller.observe(rows - 1, 0, 0, 0.0, gpu_verify(rows), 1e-4)  # cheap batches seen (e.g. on lookup steps)
+    assert any(controller.choose(None).k > 0 for _ in range(64))
+
+
+@pytest.mark.parametrize("backlog, probes", [(2, True), (2000, False)])
+def test_a_probe_waits_while_the_catch_up_would_cost_more_than_it_could_win(backlog: int, probes: bool) -> None:
+    """A pair where drafting pays only at high acceptance, now at low acceptance (K = 0): probes are due,
+    but one that would make the draft read 2,000 sat-out tokens (seconds) waits."""
+    controller = AdaptiveK(0, 8)
+    controller.seed(Costs({n: gpu_verify(n) for n in (1, 2, 4, 8, 16)}, 0.004))
+    rng = np.random.default_rng(7)
+    run_costed(controller, 0.05, 0.004, gpu_verify, 300, rng)  # learns that drafting does not pay
+    controller.observe(8, 0, 1, 0.032, gpu_verify(9), 1e-4, catch_up_s=0.4, backlog=200)  # 2 ms per sat-out token
+    ks = []
+    for _ in range(200):
+        ks.append(controller.choose(None, backlog=backlog).k)
+        controller.observe(ks[-1], 0, ks[-1], 0.004 * ks[-1], gpu_verify(ks[-1] + 1), 1e-4)
+    assert (max(ks) > 0) == probes, ks

@@ -31,8 +31,10 @@ def report(demo_paths, tmp_path_factory):
 def test_json_reports_every_variant_with_medians_and_ranges(report) -> None:
     data, _, _ = report
     names = [v["name"] for v in data["variants"]]
-    # the target-only baseline is always added; the reference rows come with --reference
-    assert names == ["target-only", "greedy", "prompt-lookup", "adaptive", "llama-cpp-python", "llama-cpp-python-lookup"]
+    # the target-only baselines are always added (T = 0, and T = 0.7 for adaptive's sampling); the
+    # reference rows come with --reference
+    assert names == ["target-only", "target-only-sampled", "greedy", "prompt-lookup", "adaptive",
+                     "llama-cpp-python", "llama-cpp-python-lookup"]  # fmt: skip
     for row in data["variants"]:
         assert row["runs"] == 2  # 2 prompts x 1 repeat
         tps = row["tokens_per_second"]
@@ -67,11 +69,12 @@ def test_runs_are_interleaved_and_speedups_use_the_same_prompt_and_repeat(report
     order = [(r["prompt"], r["variant"]) for r in runs]
     variants = [v["name"] for v in data["variants"]]
     assert order == [(p, v) for p in ("code", "summarise") for v in variants]
-    base = {r["prompt"]: r for r in runs if r["variant"] == "target-only"}
+    sampling = {"target-only-sampled", "adaptive"}  # T = 0.7: compared with the target sampling at 0.7
+    base = {(r["prompt"], r["variant"] in sampling): r for r in runs if r["variant"].startswith("target-only")}
     for run in runs:
         if run["variant"] == "llama-cpp-python-lookup":
             assert run["reference_speedup"] is not None
-        expected = run["tokens_per_second"] / base[run["prompt"]]["tokens_per_second"]
+        expected = run["tokens_per_second"] / base[run["prompt"], run["variant"] in sampling]["tokens_per_second"]
         assert run["speedup"] == pytest.approx(expected)
 
 
@@ -87,8 +90,8 @@ def test_unknown_variant_is_one_line_error_naming_it() -> None:
     proc = run_cli("bench", "--variants", "greedy,warp-speed", "--max-tokens", "4")
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [
-        "error: unknown bench variant 'warp-speed'; choose from target-only, greedy, rejection, invariant, "
-        "token-match, prompt-lookup, adaptive, hybrid, hybrid-greedy"
+        "error: unknown bench variant 'warp-speed'; choose from target-only, target-only-sampled, greedy, rejection, "
+        "invariant, token-match, prompt-lookup, adaptive, hybrid, hybrid-greedy"
     ]
 
 

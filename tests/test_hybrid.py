@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.core.adaptive import AdaptiveK, Plan, match_bucket
+from localspec.core.adaptive import LOOKUP_PRIOR, AdaptiveK, Plan, match_bucket
+from localspec.core.calibrate import Costs
 from localspec.core.drafters import LOOKUP, MODEL, Draft, HybridDrafter, Match, ModelDrafter, NgramDrafter
 from localspec.core.events import GenerationResult, StepEvent
 from localspec.core.loop import GenerationOptions, SpeculativeDecoder
-from localspec.core.perf import expected_tokens_per_step
 from localspec.core.sampling import SamplingParams
 
 from .stats import chi_square
@@ -31,7 +31,7 @@ class AlternatingK(AdaptiveK):
 
     last_accepted = 0
 
-    def choose(self, match=None, model: bool = True) -> Plan:
+    def choose(self, match=None, model: bool = True, backlog: int = 0) -> Plan:
         self._steps += 1
         if match is not None and (self._steps + self.last_accepted) % 2 == 0:
             plan = Plan(LOOKUP, min(2, match.available), match.length)
@@ -109,7 +109,7 @@ def test_adaptive_hybrid_greedy_is_identical_to_target_only(noise: float) -> Non
 
 
 # ---------------------------------------------------------------------------
-# prompt lookup: the longest agreement wins, renamed tokens end the copy
+# prompt lookup: the longest agreement wins, renamed tokens are copied renamed
 # ---------------------------------------------------------------------------
 def test_lookup_prefers_the_occurrence_that_agrees_longest() -> None:
     context = [7, 1, 2, 3, 4, 9, 9, 5, 2, 3, 4, 8, 1, 2, 3, 4]
@@ -123,7 +123,6 @@ def test_lookup_prefers_the_occurrence_that_agrees_longest() -> None:
 def test_lookup_applies_the_replies_edits() -> None:
     context = [1, 2, 3, 4, 5, 6, 1, 2]
     assert NgramDrafter().lookup(context).tokens == (3, 4, 5, 6, 1, 2)
-    assert NgramDrafter().lookup(context, {5: None}).tokens == (3, 4)  # replaced by something unknown: stop
     assert NgramDrafter().lookup(context, {5: 9}).tokens == (3, 4, 9, 6, 1, 2)  # known replacement: copied
     # after the reply wrote 9 where the prompt had 5, the text after it still matches the prompt
     renamed = NgramDrafter().lookup([1, 2, 3, 4, 5, 6, 7, 8, 0, 3, 4, 9, 6], {5: 9})
@@ -231,42 +230,13 @@ def test_lookup_drafts_use_the_cheap_batch_sizes() -> None:
     assert rate > line_rate
 
 
-def test_lookup_prior_follows_the_rule_of_succession() -> None:
+def test_lookup_prior_trusts_quotes_not_coincidences() -> None:
+    """The measured prior: a one-token match is a coincidence (a lookup draft there does not pay at the
+    real pair's costs), a 32-token one a quote (lookup drafts pay at once)."""
     controller = AdaptiveK(0, 8)
-    assert controller.lookup_alpha(1) == pytest.approx(0.5)
-    assert controller.lookup_alpha(40) == pytest.approx(32 / 33)
+    controller.seed(Costs({n: sawtooth(n) for n in (1, 2, 4, 8, 16)}, 0.015))
+    assert controller.lookup_alpha(1) == pytest.approx(LOOKUP_PRIOR[1])
+    assert controller.lookup_alpha(40) == pytest.approx(LOOKUP_PRIOR[32])
     assert match_bucket(5) == 4 and match_bucket(100) == 32
-    expected = expected_tokens_per_step(controller.lookup_alpha(40), 3)
-    assert expected > 3.5
-
-
-# ---------------------------------------------------------------------------
-# the model drafter's catch-up is a one-off only beyond the usual two tokens
-# ---------------------------------------------------------------------------
-class TimedLM(ToyLM):
-    """A toy whose every extend costs 10 ms plus 1 ms per token, on its decode clock."""
-
-    def extend(self, tokens, n_logits):
-        self._clock = getattr(self, "_clock", 0.0) + 0.010 + 0.001 * len(tokens)
-        return super().extend(tokens, n_logits)
-
-    @property
-    def decode_seconds(self) -> float:
-        return getattr(self, "_clock", 0.0)
-
-
-def test_catch_up_counts_only_what_exceeds_the_usual() -> None:
-    drafter = ModelDrafter(TimedLM(V, seed=2))
-    params = SamplingParams(temperature=0.0)
-    from localspec.core.modes import make_mode
-
-    mode = make_mode("greedy", params, np.random.default_rng(0), V, 0, 0)
-    context = [0, 1, 2]
-    drafter.propose(context, 1, mode)  # the prompt: 3 tokens at once
-    context += [3, 4]
-    drafter.propose(context, 1, mode)  # usual: d_K and the bonus (2 tokens)
-    assert drafter.catch_up_s == 0.0
-    context += [1, 2, 3, 4, 5, 0, 1, 2, 3, 4]  # ten tokens it sat out
-    drafter.propose(context, 1, mode)
-    # one batch of 10 (20 ms) minus the usual catch-up of 2 (12 ms): only the excess is one-off
-    assert drafter.catch_up_s == pytest.approx(0.008)
+    assert controller.choose(Match(0, 1, (0,) * 40)) == Plan("", 0)
+    assert controller.choose(Match(0, 40, (0,) * 40)).source == LOOKUP

@@ -110,9 +110,14 @@ def test_a_second_tab_waits_and_its_stop_cancels_the_queued_request(page, ui_ser
 
     The first reply is greedy, on a prompt the demo pair answers without an
     EOS for 4,000 tokens (measured: a minute on two cores) — against the second
-    tab's sub-second clicks; it ends only when its own Stop is pressed.
+    tab's sub-second clicks; it ends only when its own Stop is pressed. Measured
+    on an empty chat: after the previous test's turn (sampled with a fresh seed)
+    the prompt differs, and with about one such turn in six the greedy reply
+    ends with an EOS after 50-80 tokens, before it can outgrow the box.
     """
     url, _proc, _log = ui_server
+    page.reload(wait_until="load")  # a new session: an empty chat, as measured
+    page.wait_for_selector("#ls-message textarea", timeout=60_000)
     other = page.context.new_page()
     try:
         other.goto(url, wait_until="load")

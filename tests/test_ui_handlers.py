@@ -155,6 +155,26 @@ def test_stop_pressed_while_the_request_is_queued(app):
     assert len(state.turns) == 1 and state.turns[0].trace.tokens
 
 
+def test_a_second_tabs_stop_cancels_only_its_own_queued_request(app):
+    """The two-tab browser test without a browser, in its order of events: tab A streams; tab B
+    sends (its request waits) and presses Stop. A's reply goes on to its own end; B's request,
+    when its turn comes, does not start. Stops are per tab (Gradio's session hash), so neither B's
+    Stop nor B's send (which forgets B's older Stop) touches A's."""
+    a, b = ChatState(), ChatState()
+    app.queue_message("Tell me about rivers.", a, key="tab-a")
+    stream = app.respond("Tell me about rivers.", a, settings(mode="greedy", max_tokens=40), key="tab-a")
+    for _update in stream:  # paused mid-reply, engine lock held: as when B's clicks arrive
+        if a.turns and a.turns[-1].trace.tokens:
+            break
+    _, waiting, _ = app.queue_message("Tell me about mountains.", b, key="tab-b")
+    assert 'id="ls-waiting"' in waiting, "B is told it waits for the other conversation"
+    app.stop("tab-b")
+    final_a = list(stream)[-1][0]
+    assert a.turns[-1].trace.result["stop_reason"] == "max_tokens" and "ls-chip-stop" not in final_a
+    _chat, _stats, notice, b, textbox = list(app.respond("Tell me about mountains.", b, settings(), key="tab-b"))[-1]
+    assert "stopped before the reply began" in notice and b.turns == [] and textbox == "Tell me about mountains."
+
+
 def test_bad_settings_show_a_one_line_error_and_keep_the_message(app):
     state = ChatState()
     chat_html, _stats, notice, state, textbox = list(app.respond("Hi", state, settings(temperature=-1), key="t4"))[-1]

@@ -3,7 +3,10 @@
 Why it is built this way:
 
 * **Same run, same machine state.** Speedups are ratios to the target-only
-  variant measured *in the same run*, per prompt and repeat, and the variants
+  variant measured *in the same run*, per prompt and repeat, at the same
+  temperature (sampling from 151,936 probabilities costs the target alone
+  too: a T = 0.7 variant is compared with the target sampling at T = 0.7,
+  not with its argmax), and the variants
   are interleaved (A B C … A B C …) so a background process or thermal drift
   hits all of them alike. Medians with min–max, never means.
 * **Decode only.** Prompt evaluation is identical for every variant (and
@@ -41,6 +44,7 @@ from localspec.core.perf import expected_tokens, model_speedup, speedup_verdict
 PROMPTS_FILE = Path(__file__).with_name("prompts.yaml")
 REFERENCE_TARGET = "llama-cpp-python"
 REFERENCE_LOOKUP = "llama-cpp-python-lookup"
+SAMPLED_BASELINE = "target-only-sampled"  # the baseline of the variants that sample (T > 0)
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant("target-only", "target only (T=0)", "target-only", 0.0, "none"),
+        Variant(SAMPLED_BASELINE, "target only (T=0.7)", "target-only", 0.7, "none"),
         Variant("greedy", "speculative greedy (T=0)", "greedy", 0.0, "model"),
         Variant("rejection", "rejection T=0.7", "rejection", 0.7, "model"),
         Variant("invariant", "invariant T=0.7", "invariant", 0.7, "model"),
@@ -113,6 +118,9 @@ class BenchSettings:
         chosen = [VARIANTS[v] for v in self.variants]
         if not any(v.name == "target-only" for v in chosen):
             chosen.insert(0, VARIANTS["target-only"])  # every speedup needs its baseline
+        samples = any(v.temperature > 0 and v.drafter != "none" for v in chosen)
+        if samples and not any(v.name == SAMPLED_BASELINE for v in chosen):
+            chosen.insert(1, VARIANTS[SAMPLED_BASELINE])  # ... at its own temperature
         if self.temperature is not None:
             chosen = [replace(v, temperature=self.temperature) if v.temperature > 0 else v for v in chosen]
         if self.reference:
@@ -248,7 +256,7 @@ def run_bench(engine, settings: BenchSettings, progress: Callable[[str, int, int
                     done += 1
         if progress:
             progress("done", total, total)
-        _attach_speedups(runs)
+        _attach_speedups(runs, variants)
         return _report(engine, settings, variants, prompts, tokens, runs, time.perf_counter() - started)
     finally:
         bench.close()
@@ -280,12 +288,16 @@ def _names(text: str | None) -> list[str]:
     return [name.strip() for name in (text or "").split(",") if name.strip()]
 
 
-def _attach_speedups(runs: list[Measurement]) -> None:
-    """Speedup of every run over the target-only run of the same prompt and repeat (and its prediction)."""
-    base = {(r.prompt, r.repeat): r for r in runs if r.variant == "target-only"}
+def _attach_speedups(runs: list[Measurement], variants: Sequence[Variant]) -> None:
+    """Speedup of every run over the target-only run of the same prompt, repeat and temperature (the T = 0
+    one where no target-only run sampled), and its prediction."""
+    temperature = {v.name: v.temperature for v in variants}
+    baselines = {v.name for v in variants if v.mode == "target-only" and v.drafter == "none"}
+    base = {(r.prompt, r.repeat, temperature[r.variant]): r for r in runs if r.variant in baselines}
     ref_base = {(r.prompt, r.repeat): r for r in runs if r.variant == REFERENCE_TARGET}
     for run in runs:
-        baseline = base.get((run.prompt, run.repeat))
+        key = (run.prompt, run.repeat)
+        baseline = base.get((*key, temperature.get(run.variant, 0.0)), base.get((*key, 0.0)))
         if baseline is None or baseline.stats.tokens_per_second <= 0:
             continue
         run.speedup = run.stats.tokens_per_second / baseline.stats.tokens_per_second
@@ -446,7 +458,7 @@ def render_table(report: dict[str, Any]) -> str:
         f"{pair['target']} + {pair['draft']}, {pair['threads']} threads, {settings['max_tokens']} tokens × "
         f"{len(settings['prompts'])} prompts × {settings['repeats']} repeats, K = {settings['draft_tokens']} "
         f"(adaptive {settings['adaptive_range'][0]}–{settings['adaptive_range'][1]}); "
-        f"speedup = tok/s over target-only of the same prompt and repeat."
+        f"speedup = tok/s over target-only of the same prompt, repeat and temperature."
     )
     return "\n".join(lines)
 

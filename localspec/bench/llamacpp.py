@@ -38,6 +38,7 @@ class ServerConfig:
     label: str
     flags: tuple[str, ...]
     needs_draft: bool = False
+    remembers: bool = False  # keeps state across requests: restarted before each one
 
 
 def server_configs(draft_ks: Sequence[int] = DRAFT_SIMPLE_KS) -> list[ServerConfig]:
@@ -49,7 +50,8 @@ def server_configs(draft_ks: Sequence[int] = DRAFT_SIMPLE_KS) -> list[ServerConf
     ]  # fmt: skip
     configs += [
         ServerConfig("llama.cpp-ngram-simple", "llama-server ngram-simple (T=0)", ("--spec-type", "ngram-simple")),
-        ServerConfig("llama.cpp-ngram-mod", "llama-server ngram-mod (T=0)", ("--spec-type", "ngram-mod")),
+        ServerConfig("llama.cpp-ngram-mod", "llama-server ngram-mod (T=0)", ("--spec-type", "ngram-mod"),
+                     remembers=True),
     ]
     return configs
 
@@ -77,6 +79,12 @@ class LlamaServer:
     def __init__(self, binary: Path, config: ServerConfig, target: Path, draft: Path | None, threads: int,
                  n_ctx: int, use_mmap: bool) -> None:  # fmt: skip
         self.config = config
+        self.served = 0
+        self._start(binary, target, draft, threads, n_ctx, use_mmap)
+
+    def _start(self, binary: Path, target: Path, draft: Path | None, threads: int, n_ctx: int, use_mmap: bool) -> None:
+        config = self.config
+        self._args = (binary, target, draft, threads, n_ctx, use_mmap)
         self.port = _free_port()
         args = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port), "-np", "1",
                 "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-fa", "off", "-ngl", "0"]  # fmt: skip
@@ -107,6 +115,11 @@ class LlamaServer:
         raise ModelError(f"{SERVER} ({self.config.name}) was not ready within {timeout_s:.0f} s")
 
     def complete(self, tokens: Sequence[int], max_tokens: int, seed: int) -> Completion:
+        if self.config.remembers and self.served:  # forget earlier replies (see the module's docstring)
+            self.close()
+            self._start(*self._args)
+            self.wait_ready()
+        self.served += 1
         body = {"prompt": list(tokens), "n_predict": max_tokens, "temperature": 0.0, "seed": seed,
                 "cache_prompt": False, "stream": False}  # fmt: skip
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", json.dumps(body).encode(),

@@ -23,8 +23,9 @@ With prompt lookup beside the model (the hybrid drafter) each step has a
 third candidate: copy the continuation lookup found. Its drafts cost nothing
 to make, only their verification rows; its acceptance is estimated per
 *match length* (how many tokens before the end of the context agree with the
-occurrence copied from), starting from the rule of succession's ``m / (m + 1)``
-for a match of ``m`` tokens. The step takes whichever of none / model K /
+occurrence copied from), starting from acceptances measured per match length
+on the real pair (``LOOKUP_PRIOR``: a match of 16 tokens or more is a quote, a
+shorter one mostly a coincidence). The step takes whichever of none / model K /
 lookup K promises the most tokens per second.
 
 Verification cost is kept per batch size (medians of recent samples), with a
@@ -40,6 +41,16 @@ whether that is still so. Each probe that changes nothing doubles the gap to
 the next (up to ``max_probe_gap`` steps), so a pair where drafting never pays
 loses almost nothing to probing, while a reply that reaches text the draft
 predicts well is noticed within a bounded number of steps.
+
+The draft model reads what it sat out before it drafts (a new reply's
+prompt, a stretch of lookup or K = 0 steps): seconds for a long prompt on a
+CPU. That catch-up is weighed: the model is switched to only where it saves
+more over the next ``horizon_tokens`` tokens than the catch-up costs; a probe
+waits while its catch-up would cost more than a tenth of the steps since the
+model last drafted; and where the costs rule the model out even at
+acceptance 1, probes only time one draft token (``remeasure_draft``). Before
+the first step the costs come from a few timed batches
+(:mod:`localspec.core.calibrate`), so no reply starts by guessing.
 """
 
 from __future__ import annotations
@@ -48,11 +59,18 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from localspec.core.calibrate import Costs
 from localspec.core.drafters import LOOKUP, MODEL, Match
 from localspec.core.errors import ConfigError
 from localspec.core.perf import expected_tokens_per_step
 
 MATCH_BUCKETS = (1, 2, 3, 4, 8, 16, 32)  # lookup acceptance is estimated per match length, in these bins
+# Prior acceptance of a lookup draft per bin, measured on the real pair (bench prompts, 256 tokens, T = 0
+# and 0.7, lookup forced at K = 4 on every step): free text repeats short phrases ("\n\n### ", "the
+# ") that do not continue as before, so matches under 16 tokens are accepted 5-45 % of the time, while
+# quotes of 16 or more run at 77-97 %. (The rule of succession's m / (m + 1) said 50-80 % for the
+# short ones: every reply paid a few failed lookup drafts, 5-10 % of its speed, to unlearn it.)
+LOOKUP_PRIOR = {1: 0.2, 2: 0.2, 3: 0.25, 4: 0.25, 8: 0.4, 16: 0.8, 32: 0.95}
 
 
 def match_bucket(length: int) -> int:
@@ -75,7 +93,7 @@ class AdaptiveK:
 
     k_min: int
     k_max: int
-    lookup_max: int = 16  # most lookup drafts per step (they cost only their verification rows)
+    lookup_max: int = 32  # most lookup drafts per step (they cost only their verification rows)
     alpha_prior: float = 0.7  # prior acceptance rate, worth ``prior_weight`` examined drafts
     prior_weight: float = 4.0
     alpha_decay: float = 0.98  # running counts forget slowly: acceptance drifts with the text
@@ -84,19 +102,27 @@ class AdaptiveK:
     verify_slope_prior: float = 0.15  # extra cost of one more verified row, as a fraction of one row
     stale_steps: float = 64.0  # a batch size not measured for this many steps counts half in the fit
     max_probe_gap: int = 64  # at K = 0: the longest wait between one-draft probes
-    hopeless_factor: int = 64  # ... times this where the costs alone rule drafting out (a probe may cost a second)
+    hopeless_factor: int = 4  # ... times this between re-timings where the costs alone rule drafting out
+    horizon_tokens: int = 64  # the draft's catch-up must pay for itself within this many tokens
     _accepted: float = 0.0
     _examined: float = 0.0
     _draft: deque = field(default_factory=lambda: deque(maxlen=16))  # recent draft seconds per token
+    _catch_up: deque = field(default_factory=lambda: deque(maxlen=8))  # recent catch-up seconds per backlog token
     _other: deque = field(default_factory=lambda: deque(maxlen=16))  # recent other seconds per row
     _verify: dict[int, deque] = field(default_factory=dict)  # batch rows -> recent (step, seconds)
     _lookup: dict[int, list[float]] = field(default_factory=dict)  # match bin -> [accepted, examined], decayed
+    _cache: dict = field(default_factory=dict)  # estimates derived from the samples (see _memo)
     _steps: int = 0
     _observed: int = 0
     _best: int | None = None
     _probe_gap: int = 0  # steps between probes while not drafting (doubles while probes say no)
     _dirty: bool = True  # a drafting step was observed since the cost model was last solved
     _next_probe: int = 0
+    _model_step: int = 0  # the last step the model drafted
+    # set when the draft's cost per token should be timed again (a one-token decode, no catch-up): while
+    # the costs rule drafting out, only a change of costs could bring it back, and that is all a probe
+    # that drafted would find out, at the price of the draft reading everything it sat out
+    remeasure_draft: bool = False
     history: list[int] = field(default_factory=list)  # the K chosen at each step
 
     def __post_init__(self) -> None:
@@ -105,6 +131,16 @@ class AdaptiveK:
                 f"adaptive draft range {self.k_min}..{self.k_max} is empty; "
                 "set speculative.min_draft_tokens <= speculative.draft_tokens"
             )
+
+    def seed(self, costs: Costs) -> None:
+        """Start from costs measured before the first step (see :mod:`localspec.core.calibrate`): each
+        counts as one sample of its batch size, so the steps' own timings soon outvote it."""
+        for rows, seconds in costs.verify_s.items():
+            self._verify.setdefault(rows, deque(maxlen=8)).append((self._observed, seconds))
+        if costs.draft_token_s is not None:
+            self._draft.append(costs.draft_token_s)
+        self._dirty = True
+        self._cache.clear()
 
     # ------------------------------------------------------------------
     @property
@@ -119,12 +155,24 @@ class AdaptiveK:
         8 rows cost, and forgetting it would hand the choice back to the line."""
         samples = self._verify.get(rows)
         if samples:
-            return statistics.median(t for _, t in samples)
+            return self._memo(("median", rows), lambda: statistics.median(t for _, t in samples))
         return self._fitted_verify_seconds(rows)
+
+    def _memo(self, key, compute):
+        """Estimates are derived from the samples at most once between two observations: a lookup
+        step weighs up to 32 sizes, and re-deriving medians for each cost 3% of a target token."""
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
 
     def _fitted_verify_seconds(self, rows: int) -> float | None:
         if not self._verify:
             return None
+        mn, mt, slope = self._memo("line", self._fit_line)
+        return max(mt + slope * (rows - mn), 1e-6)
+
+    def _fit_line(self) -> tuple[float, float, float]:
+        """The verify-cost line as (mean rows, mean seconds, slope); through one point, the prior slope."""
         # per batch size: the median of recent samples (robust to a spike from another process),
         # weighted by how many there are and how recent they are (stale sizes fade out of the fit)
         points = [
@@ -134,22 +182,33 @@ class AdaptiveK:
         ]  # fmt: skip
         if len(points) == 1:
             n0, t0, _ = points[0]
-            one = t0 / (1.0 + self.verify_slope_prior * (n0 - 1))
-            return one * (1.0 + self.verify_slope_prior * (rows - 1))
+            return n0, t0, self.verify_slope_prior * t0 / (1.0 + self.verify_slope_prior * (n0 - 1))
         sw = sum(w for _, _, w in points)
         mn = sum(w * n for n, _, w in points) / sw
         mt = sum(w * t for _, t, w in points) / sw
         var = sum(w * (n - mn) ** 2 for n, _, w in points)
         slope = max(0.0, sum(w * (n - mn) * (t - mt) for n, t, w in points) / var) if var > 0 else 0.0
-        return max(mt + slope * (rows - mn), 1e-6)
+        return mn, mt, slope
+
+    def _optimistic_verify_seconds(self, rows: int) -> float | None:
+        """Lookup's view of a batch size: its measured cost, else the cheaper of the line and the
+        best per-row cost measured at any size of two rows or more. Lookup drafts are free, so the
+        only way to learn what a longer batch costs is to try it once; a line through gemv-heavy
+        sizes (5, 6, 7 rows) would keep it from ever trying 16 rows, which cost barely more than 12."""
+        fitted = self.verify_seconds(rows)
+        if rows in self._verify or fitted is None:
+            return fitted
+        per_row = self._memo("per_row", lambda: min(
+            (self.verify_seconds(n) / n for n in self._verify if n >= 2), default=None))  # fmt: skip
+        return min(fitted, per_row * rows) if per_row is not None else fitted
 
     def step_seconds(self, k: int, source: str = MODEL) -> float | None:
-        verify = self.verify_seconds(k + 1)
+        verify = self._optimistic_verify_seconds(k + 1) if source == LOOKUP else self.verify_seconds(k + 1)
         if verify is None:
             return None
-        draft = (statistics.median(self._draft) if self._draft and source == MODEL else 0.0) * k
-        other = (statistics.median(self._other) if self._other else 0.0) * (k + 1)
-        return draft + verify + other
+        draft = self._memo("draft", lambda: statistics.median(self._draft) if self._draft else 0.0)
+        other = self._memo("other", lambda: statistics.median(self._other) if self._other else 0.0)
+        return (draft * k if source == MODEL else 0.0) + verify + other * (k + 1)
 
     def rate(self, k: int) -> float | None:
         """Predicted tokens per second with ``k`` model drafts (None before any data)."""
@@ -158,18 +217,13 @@ class AdaptiveK:
             return None
         return expected_tokens_per_step(self.alpha, k) / seconds
 
-    def new_reply(self) -> None:
-        """A new reply starts: costs and the draft model's acceptance carry over, but whether lookup
-        pays is a property of the text (does this reply quote its context?), so its estimates start
-        again from the prior instead of from the last reply's."""
-        self._lookup.clear()
-
     def lookup_alpha(self, length: int) -> float:
-        """Acceptance estimate of a lookup match ``length`` tokens long: its bin's counts, with the rule of
-        succession's ``m / (m + 1)`` (``m`` = the bin's bound) as a prior worth ``prior_weight`` drafts."""
+        """Acceptance estimate of a lookup match ``length`` tokens long: its bin's counts, with the bin's
+        measured prior (``LOOKUP_PRIOR``) worth ``prior_weight`` drafts. The counts carry over from reply
+        to reply: binned by match length, they describe how quotes and coincidences fare, not one text."""
         m = match_bucket(length)
         accepted, examined = self._lookup.get(m, (0.0, 0.0))
-        return (accepted + m / (m + 1) * self.prior_weight) / (examined + self.prior_weight)
+        return (accepted + LOOKUP_PRIOR[m] * self.prior_weight) / (examined + self.prior_weight)
 
     def lookup_rate(self, match: Match, k: int) -> float | None:
         """Predicted tokens per second copying ``k`` tokens of ``match`` (None before any cost data)."""
@@ -179,13 +233,14 @@ class AdaptiveK:
         return expected_tokens_per_step(self.lookup_alpha(match.length), k) / seconds
 
     # ------------------------------------------------------------------
-    def choose(self, match: Match | None = None, model: bool = True) -> Plan:
+    def choose(self, match: Match | None = None, model: bool = True, backlog: int = 0) -> Plan:
         """What the next step drafts: lookup when ``match`` promises more than the model or nothing,
-        else the model's K (``model``: a draft model is there to ask)."""
+        else the model's K (``model``: a draft model is there to ask; ``backlog``: tokens it would
+        have to read first, beyond the usual two)."""
         self._steps += 1
         plan = self._lookup_plan(match, model) if match is not None and self.lookup_max > 0 else None
         if plan is None:
-            plan = Plan(MODEL, self._model_k()) if model else Plan("", 0)
+            plan = Plan(MODEL, self._model_k(backlog)) if model else Plan("", 0)
         if plan.k == 0:
             plan = Plan("", 0)
         self.history.append(plan.k)
@@ -204,7 +259,25 @@ class AdaptiveK:
         rival = max((self.rate(n) or 0.0) for n in range(self.k_min if model else 0, (self.k_max if model else 0) + 1))
         return Plan(LOOKUP, k, match.length) if (self.lookup_rate(match, k) or 0.0) > rival else None
 
-    def _model_k(self) -> int:
+    def catch_up_seconds(self, backlog: int) -> float:
+        """Predicted seconds for the draft to read ``backlog`` tokens it sat out, in one batch: measured
+        per token on earlier catch-ups, else guessed at half a drafted token each (a batch is cheaper
+        per token than one-by-one drafting)."""
+        if backlog <= 0:
+            return 0.0
+        if self._catch_up:
+            return backlog * statistics.median(self._catch_up)
+        return backlog * (statistics.median(self._draft) / 2 if self._draft else 0.0)
+
+    def remeasured(self, draft_token_s: float) -> None:
+        """The draft's cost per token, timed again on request (``remeasure_draft``)."""
+        self.remeasure_draft = False
+        if draft_token_s > 0:
+            self._draft.append(draft_token_s)
+            self._dirty = True
+            self._cache.clear()
+
+    def _model_k(self, backlog: int = 0) -> int:
         """The model's K: the best predicted, a neighbour now and then, or a probe while it does not pay."""
         # the cost model is re-solved when a step brought news about drafting, and every few steps
         # otherwise (K = 0 steps only refine the one-row cost): solving it each step costs ~2% of a token
@@ -215,7 +288,7 @@ class AdaptiveK:
         best = self._best if self._best is not None else self.k_max
         k = best
         if best == 0 and self.k_max > 0:
-            k = self._probe()
+            k = self._probe(backlog)
         elif self.explore_every and self._steps % self.explore_every == 0 and self.k_max > self.k_min:
             # alternate between the neighbours of the best K so both sides stay measured, and now
             # and then jump to the far end, so one unlucky old measurement cannot pin K down
@@ -228,15 +301,28 @@ class AdaptiveK:
                 k = best - 1
         if best > 0:
             self._probe_gap = 0  # drafting pays: the next stop starts probing often again
+            if self.k_min == 0 and not self._worth_catching_up(best, backlog):
+                return 0
         return k
 
-    def _probe(self) -> int:
+    def _worth_catching_up(self, k: int, backlog: int) -> bool:
+        """Whether drafting ``k`` saves, over the next ``horizon_tokens`` tokens, more than the draft's
+        catch-up on ``backlog`` sat-out tokens costs first (a new reply's prompt, a long lookup stretch)."""
+        if backlog <= 0:
+            return True
+        alone, drafting = self.rate(0), self.rate(k)
+        if not alone or not drafting or drafting <= alone:
+            return False
+        return self.catch_up_seconds(backlog) <= self.horizon_tokens * (1.0 / alone - 1.0 / drafting)
+
+    def _probe(self, backlog: int) -> int:
         """Not drafting: one draft when the probe is due (then wait twice as long), else none.
 
-        A probe makes a model draft catch up on every token since it last ran, so probing costs
-        about what drafting along would. Where even acceptance 1 could not beat the target alone
-        (the costs alone rule drafting out), only a change of costs could — probes then come
-        ``hopeless_factor`` times less often.
+        A probe makes the draft catch up on every token since it last ran. Where even acceptance 1
+        could not beat the target alone (the costs alone rule drafting out), only a change of costs
+        could, so the probe times one draft token instead (``remeasure_draft``) and never drafts.
+        Otherwise a probe waits while the draft's catch-up would cost more than a tenth of the steps
+        since the model last drafted (a new reply's prompt: seconds on a CPU for a long one).
         """
         if self._probe_gap == 0:  # just stopped drafting
             self._probe_gap = max(1, self.explore_every)
@@ -244,8 +330,14 @@ class AdaptiveK:
             return 0
         if self._steps < self._next_probe:
             return 0
+        if self.hopeless():
+            self.remeasure_draft = True
+            self._next_probe = self._steps + self.max_probe_gap * self.hopeless_factor
+            return 0
+        if self.catch_up_seconds(backlog) > 0.1 * (self._steps - self._model_step) * (self.step_seconds(0) or 0.0):
+            return 0
         self._probe_gap = min(2 * self._probe_gap, self.max_probe_gap)
-        self._next_probe = self._steps + self._probe_gap * (self.hopeless_factor if self.hopeless() else 1)
+        self._next_probe = self._steps + self._probe_gap
         return 1
 
     def hopeless(self) -> bool:
@@ -260,10 +352,11 @@ class AdaptiveK:
 
     def observe(
         self, drafted: int, accepted: int, examined: int, draft_s: float, verify_s: float, other_s: float,
-        source: str = MODEL, match: int = 0,
+        source: str = MODEL, match: int = 0, catch_up_s: float = 0.0, backlog: int = 0,
     ) -> None:
         """Feed back what one step did and cost (``drafted`` = tokens actually proposed; ``match`` = the
-        lookup match length behind a LOOKUP step)."""
+        lookup match length behind a LOOKUP step; ``catch_up_s`` = the one-off part of a model step's
+        draft seconds, spent reading ``backlog`` tokens it sat out)."""
         looked_up = source == LOOKUP and drafted > 0
         for counts in self._lookup.values():  # what was learnt about lookup fades while it is not used
             counts[0] *= self.alpha_decay if looked_up else self.idle_decay
@@ -279,10 +372,14 @@ class AdaptiveK:
         if drafted > 0 and not looked_up:
             self._draft.append(draft_s / drafted)
             self._dirty = True
+            self._model_step = self._steps
+            if backlog > 0 and catch_up_s > 0:
+                self._catch_up.append(catch_up_s / backlog)
         rows = drafted + 1
         self._observed += 1
         self._verify.setdefault(rows, deque(maxlen=8)).append((self._observed, verify_s))
         self._other.append(other_s / rows)
+        self._cache.clear()
 
     @property
     def mean_k(self) -> float:

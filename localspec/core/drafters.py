@@ -55,9 +55,12 @@ class Drafter(Protocol):
     def prefill(self, context: Sequence[int]) -> None:
         """Get ready for a request whose prompt is ``context`` (e.g. evaluate it)."""
 
-    def lookup(self, context: Sequence[int], edits: Mapping[int, int | None] | None = None) -> Match | None:
+    def backlog(self, context: Sequence[int]) -> int:
+        """Tokens of ``context`` a model draft would have to read before drafting, beyond the usual two."""
+
+    def lookup(self, context: Sequence[int], edits: Mapping[int, int] | None = None) -> Match | None:
         """What prompt lookup offers after ``context`` (None: nothing, or this drafter does no lookup).
-        ``edits`` maps tokens the target keeps replacing to what it writes instead (None: unknown)."""
+        ``edits`` maps copied tokens the target replaced to what it wrote instead."""
 
     def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
         """Return at most ``k`` tokens (possibly none); a drafter with a model samples them from it."""
@@ -83,7 +86,10 @@ class ModelDrafter:
         """Nothing yet: the first proposal catches up in one batch. A reply that never drafts (adaptive
         K found drafting does not pay) then never makes the draft read the prompt at all."""
 
-    def lookup(self, context: Sequence[int], edits: Mapping[int, int | None] | None = None) -> Match | None:
+    def backlog(self, context: Sequence[int]) -> int:
+        return max(0, len(context) - common_prefix_length(self.model.cached_tokens, context) - 2)
+
+    def lookup(self, context: Sequence[int], edits: Mapping[int, int] | None = None) -> Match | None:
         return None
 
     def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
@@ -144,7 +150,7 @@ class NgramDrafter:
     prompt has ``orders``. Once the target has replaced a copied token, the
     lookup matches with the new token read as the old one (so the text after a
     renamed token still agrees with the prompt) and copies with the old token
-    written as the new one; a token replaced by something unknown ends the copy.
+    written as the new one.
     """
 
     name = "ngram"
@@ -162,7 +168,10 @@ class NgramDrafter:
     def prefill(self, context: Sequence[int]) -> None:
         return None
 
-    def lookup(self, context: Sequence[int], edits: Mapping[int, int | None] | None = None) -> Match | None:
+    def backlog(self, context: Sequence[int]) -> int:
+        return 0
+
+    def lookup(self, context: Sequence[int], edits: Mapping[int, int] | None = None) -> Match | None:
         """The longest n-gram (``max_ngram`` down to ``min_ngram``) ending the context that occurred before;
         among its occurrences the one whose preceding tokens agree longest, the latest of those."""
         if len(context) < 2:
@@ -172,8 +181,7 @@ class NgramDrafter:
             original = tokens
             tokens = tokens.copy()
             for old, new in edits.items():
-                if new is not None:
-                    tokens[original == new] = old
+                tokens[original == new] = old
         end = len(tokens)
         for n in range(min(self.max_ngram, end - 1), self.min_ngram - 1, -1):
             # all windows of length n that end before the last token
@@ -197,16 +205,11 @@ class NgramDrafter:
         return Draft(tokens=list(match.tokens[:k]) if match else [], q_rows=None, source=LOOKUP)
 
 
-def _apply_edits(copied: np.ndarray, edits: Mapping[int, int | None] | None) -> tuple[int, ...]:
-    """The copied tokens with each edited token written as its replacement, up to one with no known replacement."""
-    out = []
-    for token in copied.tolist():
-        if edits and token in edits:
-            if edits[token] is None:
-                break
-            token = edits[token]
-        out.append(token)
-    return tuple(out)
+def _apply_edits(copied: np.ndarray, edits: Mapping[int, int] | None) -> tuple[int, ...]:
+    """The copied tokens with each edited token written as its replacement."""
+    if not edits:
+        return tuple(copied.tolist())
+    return tuple(edits.get(token, token) for token in copied.tolist())
 
 
 class HybridDrafter:
@@ -233,7 +236,10 @@ class HybridDrafter:
     def prefill(self, context: Sequence[int]) -> None:
         self.drafter.prefill(context)
 
-    def lookup(self, context: Sequence[int], edits: Mapping[int, int | None] | None = None) -> Match | None:
+    def backlog(self, context: Sequence[int]) -> int:
+        return self.drafter.backlog(context)
+
+    def lookup(self, context: Sequence[int], edits: Mapping[int, int] | None = None) -> Match | None:
         return self.lookup_drafter.lookup(context, edits)
 
     def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:

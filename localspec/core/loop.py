@@ -22,6 +22,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from localspec.core.adaptive import AdaptiveK, Plan
+from localspec.core.calibrate import Costs, measure_costs, token_seconds
 from localspec.core.drafters import LOOKUP, MODEL, Drafter, Match
 from localspec.core.errors import ConfigError, PromptTooLongError
 from localspec.core.events import (
@@ -98,11 +99,10 @@ class _Request:
     controller: AdaptiveK | None
     n_ctx: int
     reply: _Reply = field(default_factory=_Reply)
-    # per token: how often the target kept it minus how often it replaced it, when lookup proposed it;
-    # tokens replaced more often than kept are the reply's edits (a renamed identifier) ...
-    lookup_votes: dict[int, int] = field(default_factory=dict)
-    # ... and what the target wrote instead of each (None: not known), which lookup copies in their place
-    edits: dict[int, int | None] = field(default_factory=dict)
+    # what the target wrote instead of a copied token: the reply's edits (a renamed identifier),
+    # which lookup copies in the old token's place
+    edits: dict[int, int] = field(default_factory=dict)
+    backlog: int = 0  # tokens the draft model sat out (beyond the usual two) when the step was planned
     step: int = 0
     started: float = field(default_factory=time.perf_counter)
 
@@ -129,8 +129,9 @@ class _Request:
         match = None
         if self.options.lookup or not has_model:
             match = self.drafter.lookup(self.context, self.edits)
+        self.backlog = self.drafter.backlog(self.context) if has_model else 0
         if self.controller is not None:
-            plan = self.controller.choose(match, model=has_model)
+            plan = self.controller.choose(match, model=has_model, backlog=self.backlog)
         elif match is not None and (not has_model or match.length >= TRUSTED_MATCH):
             plan = Plan(LOOKUP, self.options.draft_tokens, match.length)
         else:
@@ -142,20 +143,21 @@ class _Request:
         return Plan(plan.source, max(0, min(plan.k, remaining - 1, room)), plan.match), match
 
     def learn_edits(self, verdict: Verdict) -> None:
-        """After a lookup step: count which copied tokens the target kept or replaced, and with what."""
-        for check in verdict.checks:
-            token = check.token
-            self.lookup_votes[token] = self.lookup_votes.get(token, 0) + (1 if check.accepted else -1)
-            if check.accepted:
-                if self.lookup_votes[token] >= 0:
-                    self.edits.pop(token, None)
-                continue
-            replaced = [old for old, new in self.edits.items() if new == token]
-            for old in replaced:  # a copied replacement was itself replaced: that edit was a guess
-                del self.edits[old]
-                self.lookup_votes[old] = 0
-            if not replaced and self.lookup_votes[token] < 0:
-                self.edits[token] = verdict.token if verdict.token != token else None
+        """After a lookup step: a copied token the target replaced is an edit from now on.
+
+        The latest evidence wins: an edit reply keeps the prompt's wording up to the first renamed
+        token and renames from there on, so earlier copies the target kept say nothing about what
+        comes next. A wrong guess costs one draft: when the target replaces a copied replacement, the
+        edit behind it is dropped.
+        """
+        rejected = next((check.token for check in verdict.checks if not check.accepted), None)
+        if rejected is None or verdict.token == rejected:
+            return
+        guessed = [old for old, new in self.edits.items() if new == rejected]
+        for old in guessed:  # the replacement we copied was itself replaced: that edit was a guess
+            del self.edits[old]
+        if not guessed:
+            self.edits[rejected] = verdict.token
 
 
 class SpeculativeDecoder:
@@ -169,6 +171,7 @@ class SpeculativeDecoder:
         self.vocab_size = max(target.vocab_size, draft_vocab)
         self.controller: AdaptiveK | None = None  # the adaptive-K controller of the latest request
         self._controllers: dict[tuple, AdaptiveK] = {}
+        self.costs: Costs | None = None  # measured before the first adaptive step, for every controller
 
     def _controller(self, options: GenerationOptions, params: SamplingParams) -> AdaptiveK:
         """The adaptive-K controller for these settings, kept across requests (chat turns) so a new
@@ -177,6 +180,9 @@ class SpeculativeDecoder:
         controller = self._controllers.get(key)
         if controller is None:
             controller = self._controllers[key] = AdaptiveK(options.min_draft_tokens, options.draft_tokens)
+            if self.costs is None:
+                self.costs = measure_costs(self.target, self.drafter.model if self.drafter is not None else None)
+            controller.seed(self.costs)
         return controller
 
     # ------------------------------------------------------------------
@@ -236,8 +242,6 @@ class SpeculativeDecoder:
             n_prompt=len(context),
         )
         controller = self._controller(options, params) if drafter is not None and options.adaptive else None
-        if controller is not None:
-            controller.new_reply()
         self.controller = controller  # inspectable after a run (bench, tests)
         request = _Request(context, options, mode, drafter, stats, ReplyText(self.vocab.token_bytes, options.stop),
                            controller, n_ctx)  # fmt: skip
@@ -253,6 +257,8 @@ class SpeculativeDecoder:
         plan, match = request.next_plan()
         k = plan.k
         step_start = time.perf_counter()
+        if request.controller is not None and request.controller.remeasure_draft:
+            request.controller.remeasured(token_seconds(request.draft_model))
         draft_t0, target_t0 = _decode_seconds(request.draft_model), self.target.decode_seconds
         # 1. k tokens copied by lookup, or proposed by the drafter (a token the target lacks ends the
         #    draft: it has p = 0)
@@ -293,10 +299,10 @@ class SpeculativeDecoder:
                 break
         taken = n_added + (finished == "eos")  # the emitted tokens the reply took, an ending EOS included
         other_s = time.perf_counter() - step_start - draft_s - verify_s
-        if request.controller is not None:  # the controller learns what drafting costs, without one-off catch-ups
-            drafting_s = draft_s - (drafter.catch_up_s if draft.source == MODEL and draft.tokens else 0.0)
-            request.controller.observe(len(draft.tokens), verdict.n_accepted, len(verdict.checks), drafting_s, verify_s,
-                                       other_s, plan.source, plan.match)  # fmt: skip
+        if request.controller is not None:  # the controller learns what drafting costs, one-off catch-ups apart
+            catch_up_s = drafter.catch_up_s if draft.source == MODEL and draft.tokens else 0.0
+            request.controller.observe(len(draft.tokens), verdict.n_accepted, len(verdict.checks), draft_s - catch_up_s,
+                                       verify_s, other_s, plan.source, plan.match, catch_up_s, request.backlog)  # fmt: skip
         step = StepEvent(
             step=request.step, position=position, k=k, drafted=list(draft.tokens), n_accepted=verdict.n_accepted,
             source=draft.source if draft.tokens else "",

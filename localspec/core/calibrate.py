@@ -1,0 +1,65 @@
+"""What the models cost here, measured once before adaptive drafting's first step.
+
+Adaptive drafting learns costs from the steps it runs, but a controller that
+knows nothing has to guess: it used to start at the largest K, which on a CPU
+where the draft costs half a target token makes the first reply pay for a
+model draft that can never win, and makes the draft read the whole prompt
+(seconds for a long one) to find that out. A few timed batches on the
+target and one token on the draft (about half a second for a 1.5B target on
+two cores) answer the question before the first step: whether the model can
+pay even at acceptance 1, and which verification batch sizes are cheap
+(llama.cpp's CPU gemm takes rows in fours: 8 rows can cost less than 7).
+The measurements are starting points only; every step's own timings follow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from localspec.core.model import LanguageModel
+
+VERIFY_ROWS = (1, 2, 4, 8, 16)  # batch sizes timed on the target
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds per verification batch of ``rows`` rows, and per drafted token (None: no draft model)."""
+
+    verify_s: dict[int, float] = field(default_factory=dict)
+    draft_token_s: float | None = None
+
+
+def measure_costs(target: LanguageModel, draft: LanguageModel | None = None, rows=VERIFY_ROWS) -> Costs:
+    """Time one batch of each size on ``target`` and one token on ``draft``, leaving both caches as found.
+    A model whose decode clock does not move (a toy) yields no costs: nothing to start from."""
+    verify = {n: _batch_seconds(target, n) for n in rows if n + 2 <= target.context_size}
+    draft_s = _batch_seconds(draft, 1) if draft is not None else None
+    return Costs({n: s for n, s in verify.items() if s > 0}, draft_s if draft_s else None)
+
+
+def token_seconds(model: LanguageModel) -> float:
+    """Seconds for one token on a model already in use (no warm-up): how adaptive drafting re-times a
+    draft it does not use, without making it read what it sat out."""
+    return _batch_seconds(model, 1, warm_up=False)
+
+
+def _batch_seconds(model: LanguageModel, rows: int, warm_up: bool = True) -> float:
+    """Seconds to evaluate ``rows`` tokens (with every row's logits, as verification does) after the cache.
+
+    A one-row decode first warms caches and threads. The cache is rolled back afterwards; where it is
+    too full to append to, its tail is dropped first (the next request re-evaluates it).
+    """
+    cached = list(model.cached_tokens)
+    start = max(0, min(len(cached), model.context_size - rows - 2))
+    if start < len(cached):
+        model.truncate(start)
+    token = cached[start - 1] if start else 0
+    try:
+        if warm_up:
+            model.extend([token], 1)
+            model.truncate(start)
+        began = model.decode_seconds
+        model.extend([token] * rows, rows)
+        return model.decode_seconds - began
+    finally:
+        model.truncate(start)

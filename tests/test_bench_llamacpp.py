@@ -1,0 +1,84 @@
+"""The llama-server side of the bench, against a stand-in server script (the real one takes ten minutes to build).
+
+The stand-in answers /health and /completion like llama-server and reports, as
+its ``predicted_n``, how many requests this process has served: that is what
+tells a server that remembers earlier requests from a fresh one.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from localspec.bench.llamacpp import server_configs, start_servers
+from localspec.core.errors import ConfigError, ModelError
+
+STAND_IN = textwrap.dedent(f"""\
+    #!{sys.executable}
+    import json, sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    args = sys.argv[1:]
+    if "--fail" in " ".join(args):
+        sys.exit("error: bad flag")
+    port = int(args[args.index("--port") + 1])
+    served = 0
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _reply(self, body):
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._reply({{"status": "ok"}})
+
+        def do_POST(self):
+            global served
+            json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            served += 1
+            self._reply({{"timings": {{"predicted_n": served, "predicted_ms": 500.0, "draft_n": 4, "draft_n_accepted": 3}}}})
+
+    HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+""")
+
+
+@pytest.fixture
+def bin_folder(tmp_path: Path) -> Path:
+    script = tmp_path / "llama-server"
+    script.write_text(STAND_IN)
+    script.chmod(0o755)
+    return tmp_path
+
+
+def test_ngram_mod_starts_every_request_fresh_and_the_others_keep_running(bin_folder: Path, tmp_path: Path) -> None:
+    configs = {c.name: c for c in server_configs()}
+    chosen = [configs["llama.cpp"], configs["llama.cpp-ngram-mod"]]
+    servers = start_servers(bin_folder, chosen, tmp_path / "t.gguf", None, 1, 512, True)
+    try:
+        counts = {name: [server.complete([1, 2, 3], 8, seed).n_tokens for seed in range(3)]
+                  for name, server in servers.items()}  # fmt: skip
+        done = servers["llama.cpp"].complete([1], 8, 0)
+    finally:
+        for server in servers.values():
+            server.close()
+    assert counts == {"llama.cpp": [1, 2, 3], "llama.cpp-ngram-mod": [1, 1, 1]}
+    assert (done.decode_s, done.drafted, done.accepted) == (0.5, 4, 3)
+    assert all(server.process.poll() is not None for server in servers.values())
+
+
+def test_a_missing_server_binary_and_a_server_that_exits_are_named(bin_folder: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="make llama-cpp-tools"):
+        start_servers(tmp_path / "nowhere", server_configs()[:1], tmp_path / "t.gguf", None, 1, 512, True)
+    failing = [c for c in server_configs() if c.name == "llama.cpp"][0]
+    failing = type(failing)("llama.cpp-broken", "broken", ("--fail",))
+    with pytest.raises(ModelError, match="bad flag"):
+        start_servers(bin_folder, [failing], tmp_path / "t.gguf", None, 1, 512, True)
