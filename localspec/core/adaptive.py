@@ -46,8 +46,8 @@ The draft model reads what it sat out before it drafts (a new reply's
 prompt, a stretch of lookup or K = 0 steps): seconds for a long prompt on a
 CPU. That catch-up is weighed: the model is switched to only where it saves
 more over the next ``horizon_tokens`` tokens than the catch-up costs; a probe
-waits while its catch-up would cost more than a tenth of the steps since the
-model last drafted; and where the costs rule the model out even at
+waits while its catch-up would cost more than 3 % of the reply's steps since
+the model last drafted; and where the costs rule the model out even at
 acceptance 1, probes only time one draft token (``remeasure_draft``). Before
 the first step the costs come from a few timed batches
 (:mod:`localspec.core.calibrate`), so no reply starts by guessing.
@@ -104,6 +104,7 @@ class AdaptiveK:
     max_probe_gap: int = 64  # at K = 0: the longest wait between one-draft probes
     hopeless_factor: int = 4  # ... times this between re-timings where the costs alone rule drafting out
     horizon_tokens: int = 64  # the draft's catch-up must pay for itself within this many tokens
+    probe_budget: float = 0.03  # a probe's catch-up may cost this share of the reply's steps without the model
     _accepted: float = 0.0
     _examined: float = 0.0
     _draft: deque = field(default_factory=lambda: deque(maxlen=16))  # recent draft seconds per token
@@ -119,6 +120,7 @@ class AdaptiveK:
     _dirty: bool = True  # a drafting step was observed since the cost model was last solved
     _next_probe: int = 0
     _model_step: int = 0  # the last step the model drafted
+    _reply_start: int = 0  # the step the current reply began at
     # set when the draft's cost per token should be timed again (a one-token decode, no catch-up): while
     # the costs rule drafting out, only a change of costs could bring it back, and that is all a probe
     # that drafted would find out, at the price of the draft reading everything it sat out
@@ -216,6 +218,10 @@ class AdaptiveK:
         if seconds is None or seconds <= 0:
             return None
         return expected_tokens_per_step(self.alpha, k) / seconds
+
+    def new_reply(self) -> None:
+        """A reply begins: probing budgets are per reply (see ``_probe``)."""
+        self._reply_start = self._steps
 
     def lookup_alpha(self, length: int) -> float:
         """Acceptance estimate of a lookup match ``length`` tokens long: its bin's counts, with the bin's
@@ -321,8 +327,9 @@ class AdaptiveK:
         A probe makes the draft catch up on every token since it last ran. Where even acceptance 1
         could not beat the target alone (the costs alone rule drafting out), only a change of costs
         could, so the probe times one draft token instead (``remeasure_draft``) and never drafts.
-        Otherwise a probe waits while the draft's catch-up would cost more than a tenth of the steps
-        since the model last drafted (a new reply's prompt: seconds on a CPU for a long one).
+        Otherwise a probe waits while the draft's catch-up would cost more than ``probe_budget`` of
+        this reply's steps since the model last drafted: "never slower" is a promise per reply, and a
+        new reply's prompt alone can cost a tenth of a short reply on a CPU.
         """
         if self._probe_gap == 0:  # just stopped drafting
             self._probe_gap = max(1, self.explore_every)
@@ -334,7 +341,8 @@ class AdaptiveK:
             self.remeasure_draft = True
             self._next_probe = self._steps + self.max_probe_gap * self.hopeless_factor
             return 0
-        if self.catch_up_seconds(backlog) > 0.1 * (self._steps - self._model_step) * (self.step_seconds(0) or 0.0):
+        steps = self._steps - max(self._model_step, self._reply_start)  # this reply's steps without the model
+        if self.catch_up_seconds(backlog) > self.probe_budget * steps * (self.step_seconds(0) or 0.0):
             return 0
         self._probe_gap = min(2 * self._probe_gap, self.max_probe_gap)
         self._next_probe = self._steps + self._probe_gap

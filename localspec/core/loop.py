@@ -42,8 +42,9 @@ from localspec.core.verify import Verdict
 
 MAX_DRAFT_TOKENS = 16
 # Without adaptive drafting, a drafter with both sources copies from the context when this many tokens
-# before its end agree with the occurrence found (a quote, not a coincidence), and asks the model otherwise.
-TRUSTED_MATCH = 8
+# before its end agree with the occurrence found (a quote, not a coincidence), and asks the model otherwise:
+# on the real pair, matches of 16+ tokens were accepted 77-97 % of the time, shorter ones 5-45 % (adaptive.py).
+TRUSTED_MATCH = 16
 
 
 @dataclass
@@ -242,6 +243,8 @@ class SpeculativeDecoder:
             n_prompt=len(context),
         )
         controller = self._controller(options, params) if drafter is not None and options.adaptive else None
+        if controller is not None:
+            controller.new_reply()
         self.controller = controller  # inspectable after a run (bench, tests)
         request = _Request(context, options, mode, drafter, stats, ReplyText(self.vocab.token_bytes, options.stop),
                            controller, n_ctx)  # fmt: skip
