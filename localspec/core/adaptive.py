@@ -261,9 +261,9 @@ class AdaptiveK:
             return None
         if self.verify_seconds(1) is None:  # nothing measured yet: free drafts are worth a try
             return Plan(LOOKUP, ks[-1], match.length)
-        k = max(ks, key=lambda n: (self.lookup_rate(match, n) or 0.0, -n))
+        best, k = max(((self.lookup_rate(match, n) or 0.0, -n) for n in ks))
         rival = max((self.rate(n) or 0.0) for n in range(self.k_min if model else 0, (self.k_max if model else 0) + 1))
-        return Plan(LOOKUP, k, match.length) if (self.lookup_rate(match, k) or 0.0) > rival else None
+        return Plan(LOOKUP, -k, match.length) if best > rival else None
 
     def catch_up_seconds(self, backlog: int) -> float:
         """Predicted seconds for the draft to read ``backlog`` tokens it sat out, in one batch: measured
