@@ -5,7 +5,7 @@ knows nothing has to guess: it used to start at the largest K, which on a CPU
 where the draft costs half a target token makes the first reply pay for a
 model draft that can never win, and makes the draft read the whole prompt
 (seconds for a long one) to find that out. A few timed batches on the
-target and one token on the draft (about half a second for a 1.5B target on
+target and one token on the draft (0.6 s for a 1.5B target on
 two cores) answer the question before the first step: whether the model can
 pay even at acceptance 1, and which verification batch sizes are cheap
 (llama.cpp's CPU gemm takes rows in fours: 8 rows can cost less than 7).
