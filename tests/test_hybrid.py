@@ -16,6 +16,7 @@ from localspec.core.calibrate import Costs
 from localspec.core.drafters import LOOKUP, MODEL, Draft, HybridDrafter, Match, ModelDrafter, NgramDrafter
 from localspec.core.events import GenerationResult, StepEvent
 from localspec.core.loop import GenerationOptions, SpeculativeDecoder
+from localspec.core.respell import Respeller
 from localspec.core.sampling import SamplingParams
 
 from .stats import chi_square
@@ -240,3 +241,76 @@ def test_lookup_prior_trusts_quotes_not_coincidences() -> None:
     assert match_bucket(5) == 4 and match_bucket(100) == 32
     assert controller.choose(Match(0, 1, (0,) * 40)) == Plan("", 0)
     assert controller.choose(Match(0, 40, (0,) * 40)).source == LOOKUP
+
+
+class WordVocab:
+    """A vocabulary of whole words, as a BPE one has for common identifiers."""
+
+    words = [b" order", b" record", b" orders", b" records", b"(order", b"(record", b"\n", b" the", b" ordering",
+             b" ord", b" rec"]  # fmt: skip
+    vocab_size = len(words)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.words[token]
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return False
+
+
+def test_a_rename_is_spread_to_the_words_other_spellings() -> None:
+    """`` order`` -> `` record`` learnt once renames `` orders`` and ``(order`` too (when the vocabulary has
+    their twins: `` ordering`` has none); a change that is not a word of 3+ letters spreads nothing."""
+    respeller = Respeller(WordVocab())
+    context = [6, 2, 7, 4, 8, 0, 10]
+    assert respeller.spellings(0, 1, context) == {2: 3, 4: 5}
+    assert respeller.spellings(6, 7, context) == {}  # "\n" -> " the": not a renamed word
+    assert respeller.spellings(9, 10, context) == {}  # " ord" -> " rec": a 3-letter word, but nothing contains it
+    assert respeller.spellings(0, 6, context) == {}
+
+
+def test_the_loop_learns_a_rename_once_for_all_its_spellings() -> None:
+    """Through learn_edits: one replaced copy, and every spelling in the context has its edit."""
+    from localspec.core.loop import _Request
+    from localspec.core.verify import DraftCheck, Verdict
+
+    request = _Request.__new__(_Request)
+    request.context, request.edits = [2, 6, 4, 0, 7], {}
+    rejected = DraftCheck(token=0, p=0.0, q=1.0, accept_prob=0.0, uniform=None, accepted=False)
+    verdict = Verdict(n_accepted=0, token=1, bonus=False, checks=[rejected])
+    request.learn_edits(verdict, Respeller(WordVocab()))
+    assert request.edits == {0: 1, 2: 3, 4: 5}
+    request.edits = {}
+    request.learn_edits(verdict)  # control: without the respeller only the replaced token is learnt
+    assert request.edits == {0: 1}
+
+
+# ---------------------------------------------------------------------------
+# the model drafter's catch-up is a one-off only beyond the usual two tokens
+# ---------------------------------------------------------------------------
+class TimedLM(ToyLM):
+    """A toy whose every extend costs 10 ms plus 1 ms per token, on its decode clock."""
+
+    def extend(self, tokens, n_logits):
+        self._clock = getattr(self, "_clock", 0.0) + 0.010 + 0.001 * len(tokens)
+        return super().extend(tokens, n_logits)
+
+    @property
+    def decode_seconds(self) -> float:
+        return getattr(self, "_clock", 0.0)
+
+
+def test_catch_up_counts_only_what_exceeds_the_usual() -> None:
+    drafter = ModelDrafter(TimedLM(V, seed=2))
+    params = SamplingParams(temperature=0.0)
+    from localspec.core.modes import make_mode
+
+    mode = make_mode("greedy", params, np.random.default_rng(0), V, 0, 0)
+    context = [0, 1, 2]
+    drafter.propose(context, 1, mode)  # the prompt: 3 tokens at once
+    context += [3, 4]
+    drafter.propose(context, 1, mode)  # usual: d_K and the bonus (2 tokens)
+    assert drafter.catch_up_s == 0.0
+    context += [1, 2, 3, 4, 5, 0, 1, 2, 3, 4]  # ten tokens it sat out
+    drafter.propose(context, 1, mode)
+    # one batch of 10 (20 ms) minus the usual catch-up of 2 (12 ms): only the excess is one-off
+    assert drafter.catch_up_s == pytest.approx(0.008)

@@ -36,6 +36,7 @@ from localspec.core.events import (
 )
 from localspec.core.model import LanguageModel, Vocabulary, sync_cache
 from localspec.core.modes import Draft, Mode, make_mode
+from localspec.core.respell import Respeller
 from localspec.core.sampling import SamplingParams, probabilities
 from localspec.core.text import ReplyText
 from localspec.core.verify import Verdict
@@ -143,13 +144,14 @@ class _Request:
         remaining = self.options.max_tokens - self.stats.n_tokens
         return Plan(plan.source, max(0, min(plan.k, remaining - 1, room)), plan.match), match
 
-    def learn_edits(self, verdict: Verdict) -> None:
+    def learn_edits(self, verdict: Verdict, respeller: Respeller | None = None) -> None:
         """After a lookup step: a copied token the target replaced is an edit from now on.
 
         The latest evidence wins: an edit reply keeps the prompt's wording up to the first renamed
         token and renames from there on, so earlier copies the target kept say nothing about what
         comes next. A wrong guess costs one draft: when the target replaces a copied replacement, the
-        edit behind it is dropped.
+        edit behind it is dropped. A renamed word's other spellings (`` orders``, ``(order``) are
+        renamed with it (see :mod:`localspec.core.respell`).
         """
         rejected = next((check.token for check in verdict.checks if not check.accepted), None)
         if rejected is None or verdict.token == rejected:
@@ -159,6 +161,9 @@ class _Request:
             del self.edits[old]
         if not guessed:
             self.edits[rejected] = verdict.token
+            if respeller is not None:
+                for token, twin in respeller.spellings(rejected, verdict.token, self.context).items():
+                    self.edits.setdefault(token, twin)
 
 
 class SpeculativeDecoder:
@@ -173,6 +178,7 @@ class SpeculativeDecoder:
         self.controller: AdaptiveK | None = None  # the adaptive-K controller of the latest request
         self._controllers: dict[tuple, AdaptiveK] = {}
         self.costs: Costs | None = None  # measured before the first adaptive step, for every controller
+        self.respeller = Respeller(vocab)  # spreads a rename lookup learnt to its other spellings
 
     def _controller(self, options: GenerationOptions, params: SamplingParams) -> AdaptiveK:
         """The adaptive-K controller for these settings, kept across requests (chat turns) so a new
@@ -248,6 +254,8 @@ class SpeculativeDecoder:
         self.controller = controller  # inspectable after a run (bench, tests)
         request = _Request(context, options, mode, drafter, stats, ReplyText(self.vocab.token_bytes, options.stop),
                            controller, n_ctx)  # fmt: skip
+        if drafter is not None and (options.lookup or drafter.model is None):
+            self.respeller.prepare()  # once per decoder, before the first reply that copies
         stats.n_prompt_evaluated = sync_cache(self.target, context[:-1])
         if drafter is not None:
             drafter.prefill(context)
@@ -280,7 +288,7 @@ class SpeculativeDecoder:
         self.target.truncate(len(context) + verdict.n_accepted)
         verify_s = self.target.decode_seconds - target_t0
         if draft.source == LOOKUP:
-            request.learn_edits(verdict)
+            request.learn_edits(verdict, self.respeller)
 
         emitted = draft.tokens[: verdict.n_accepted] + [verdict.token]
         position = len(context)
