@@ -131,8 +131,8 @@ class _Request:
         match = None
         if self.options.lookup or not has_model:
             match = self.drafter.lookup(self.context, self.edits)
-        self.backlog = self.drafter.backlog(self.context) if has_model else 0
         if self.controller is not None:
+            self.backlog = self.drafter.backlog(self.context) if has_model else 0
             plan = self.controller.choose(match, model=has_model, backlog=self.backlog)
         elif match is not None and (not has_model or match.length >= TRUSTED_MATCH):
             plan = Plan(LOOKUP, self.options.draft_tokens, match.length)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from localspec.core.model import Vocabulary
+from localspec.core.model import Vocabulary, common_prefix_length
 
 MIN_WORD = 3  # shorter changes ("s", "id") are too common to spread safely
 
@@ -51,12 +51,8 @@ class Respeller:
 
 def _changed_word(old: bytes, new: bytes) -> tuple[bytes | None, bytes]:
     """The part of ``old`` that ``new`` replaced (common prefix and suffix removed), if both are words."""
-    start = 0
-    while start < min(len(old), len(new)) and old[start] == new[start]:
-        start += 1
-    end = 0
-    while end < min(len(old), len(new)) - start and old[-1 - end] == new[-1 - end]:
-        end += 1
+    start = common_prefix_length(old, new)
+    end = min(common_prefix_length(old[::-1], new[::-1]), min(len(old), len(new)) - start)
     before, after = old[start : len(old) - end], new[start : len(new) - end]
     if not (_is_word(before) and _is_word(after)):
         return None, b""
