@@ -35,7 +35,7 @@ class AlternatingK(AdaptiveK):
     def choose(self, match=None, model: bool = True, backlog: int = 0) -> Plan:
         self._steps += 1
         if match is not None and (self._steps + self.last_accepted) % 2 == 0:
-            plan = Plan(LOOKUP, min(2, match.available), match.length)
+            plan = Plan(LOOKUP, min(2, match.available))
         else:
             plan = Plan(MODEL, 1 + self.last_accepted % 2)
         self.history.append(plan.k)
@@ -158,6 +158,52 @@ def test_a_renamed_token_is_learnt_once_then_copied_renamed() -> None:
     assert all(s.n_accepted == len(s.drafted) for s in steps[2:-1])
 
 
+class NeverDrafts(AdaptiveK):
+    """Records the match length lookup offered at each step and never drafts."""
+
+    def choose(self, match=None, model: bool = True, backlog: int = 0) -> Plan:
+        self.lengths = getattr(self, "lengths", []) + [match.length if match else 0]
+        return Plan("", 0)
+
+
+@pytest.mark.parametrize("learn", [True, False])
+def test_a_rename_is_learnt_where_lookup_did_not_draft(learn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target renames a quoted token on a step lookup sat out: the edit is learnt all the same, so the
+    text after it still matches the prompt (the match stays long). Control: without learning there, the
+    match breaks at the renamed token."""
+    import localspec.core.loop as loop
+
+    monkeypatch.setattr(loop, "AdaptiveK", NeverDrafts)
+    if not learn:
+        monkeypatch.setattr(loop, "TRUSTED_MATCH", 10**9)
+    target = RenamingLM(V, seed=1)
+    decoder = SpeculativeDecoder(target, target, NgramDrafter(max_ngram=2))
+    prompt = [0, 1, 2, 3, 4] * 6
+    result = decoder.run(prompt, SamplingParams(temperature=0.0),
+                         GenerationOptions(mode="greedy", max_tokens=12, adaptive=True, min_draft_tokens=0))  # fmt: skip
+    assert result.token_ids == [0, 1, 2, 3, 5] * 2 + [0, 1]
+    lengths = decoder.controller.lengths  # step 4 wrote the first 5
+    if learn:
+        assert lengths[5] == 0  # the step after: the edit is not bet on until the text confirms it ...
+    assert (min(lengths[6:9]) >= 16) == learn, lengths  # ... which it did: the text after it matched
+
+
+def test_an_edit_the_text_does_not_confirm_is_dropped() -> None:
+    """A reply that leaves its quote (a paraphrase) is not a rename: the edit learnt where it left is
+    dropped when the next token does not go on as the source, and no new edit is learnt from that."""
+    from localspec.core.loop import _Request
+
+    request = _Request.__new__(_Request)
+    request.context, request.edits, request.unconfirmed = [2, 6, 4, 0, 7], {}, []
+    request.learn_edit(0, 1, Respeller(WordVocab()))
+    assert request.edits == {0: 1, 2: 3, 4: 5} and sorted(request.unconfirmed) == [0, 2, 4]
+    request.settle_edit(confirmed=False)
+    assert request.edits == {} and request.unconfirmed == []
+    request.learn_edit(0, 1, Respeller(WordVocab()))
+    request.settle_edit(confirmed=True)
+    assert request.edits == {0: 1, 2: 3, 4: 5} and request.unconfirmed == []
+
+
 # ---------------------------------------------------------------------------
 # the choice per step, on simulated real-pair costs
 # ---------------------------------------------------------------------------
@@ -180,7 +226,11 @@ def run_text(controller: AdaptiveK, matches, alphas, rng, t_draft: float = 0.020
         draft_s = plan.k * t_draft if plan.source == MODEL else 0.0
         other = 2e-4 * (plan.k + 1)
         controller.observe(plan.k, accepted, accepted + (accepted < plan.k), draft_s, sawtooth(plan.k + 1), other,
-                           plan.source or MODEL, plan.match)  # fmt: skip
+                           plan.source or MODEL)  # fmt: skip
+        # what the target wrote against what lookup offered: the copied tokens as verified, else its first token
+        agreed = accepted if plan.source == LOOKUP else int(rng.random() < alpha[LOOKUP])
+        compared = accepted + (accepted < plan.k) if plan.source == LOOKUP else 1
+        controller.observe_match(match.length, agreed, compared)
         tokens += accepted + 1
         seconds += draft_s + sawtooth(plan.k + 1) + other
     return tokens / seconds, plans
@@ -243,6 +293,41 @@ def test_lookup_prior_trusts_quotes_not_coincidences() -> None:
     assert controller.choose(Match(0, 40, (0,) * 40)).source == LOOKUP
 
 
+def test_lookup_learns_from_steps_that_did_not_copy() -> None:
+    """Matches of 8 tokens start below the bar (prior 0.4); in a text where they always continue, the
+    comparisons of what the target wrote with what lookup offered soon make lookup worth drafting. The
+    control learns only from lookup's own drafts, so it never drafts and never finds out."""
+
+    class DraftsOnly(AdaptiveK):
+        def observe_match(self, length, agreed, compared):
+            return None
+
+    results = {}
+    for name, cls in (("every step", AdaptiveK), ("drafts only", DraftsOnly)):
+        rng = np.random.default_rng(5)
+        controller = cls(0, 8)
+        controller.seed(Costs({n: sawtooth(n) for n in (1, 2, 4, 8, 16)}, 0.015))
+        matches = [Match(0, 8, (0,) * 40)] * 300
+        _, plans = run_text(controller, matches, [{LOOKUP: 0.97, MODEL: 0.5}] * 300, rng)
+        results[name] = sum(p.source == LOOKUP for p in plans[-100:])
+    assert results["every step"] >= 95 and results["drafts only"] == 0, results
+
+
+def test_a_copied_draft_is_credited_position_by_position() -> None:
+    """Copied token ``i`` is judged at match length ``m + i``: a 12-token draft from a 24-token match that
+    was accepted whole tells the 32+ bin about its last 4 tokens (and the bonus token compared), and a
+    quote's expected tokens use the longer bins' acceptance for its later tokens."""
+    controller = AdaptiveK(0, 8)
+    controller.observe_match(24, 12, 13)
+    assert controller._lookup[16] == pytest.approx([8.0, 8.0], abs=0.6)  # match lengths 24..31 (decayed)
+    assert controller._lookup[32] == pytest.approx([4.0, 5.0], abs=0.3)  # 32..35 agreed, 36 differed
+    fresh = AdaptiveK(0, 8)
+    expected = fresh.lookup_expected(28, 8)
+    a16, a32 = LOOKUP_PRIOR[16], LOOKUP_PRIOR[32]
+    assert expected[3] == pytest.approx(1 + a16 + a16**2 + a16**3 + a16**4)
+    assert expected[7] == pytest.approx(expected[3] + a16**4 * (a32 + a32**2 + a32**3 + a32**4))
+
+
 class WordVocab:
     """A vocabulary of whole words, as a BPE one has for common identifiers."""
 
@@ -269,18 +354,15 @@ def test_a_rename_is_spread_to_the_words_other_spellings() -> None:
 
 
 def test_the_loop_learns_a_rename_once_for_all_its_spellings() -> None:
-    """Through learn_edits: one replaced copy, and every spelling in the context has its edit."""
+    """Through learn_edit: one replaced copy, and every spelling in the context has its edit."""
     from localspec.core.loop import _Request
-    from localspec.core.verify import DraftCheck, Verdict
 
     request = _Request.__new__(_Request)
-    request.context, request.edits = [2, 6, 4, 0, 7], {}
-    rejected = DraftCheck(token=0, p=0.0, q=1.0, accept_prob=0.0, uniform=None, accepted=False)
-    verdict = Verdict(n_accepted=0, token=1, bonus=False, checks=[rejected])
-    request.learn_edits(verdict, Respeller(WordVocab()))
+    request.context, request.edits, request.unconfirmed = [2, 6, 4, 0, 7], {}, []
+    request.learn_edit(0, 1, Respeller(WordVocab()))
     assert request.edits == {0: 1, 2: 3, 4: 5}
     request.edits = {}
-    request.learn_edits(verdict)  # control: without the respeller only the replaced token is learnt
+    request.learn_edit(0, 1)  # control: without the respeller only the replaced token is learnt
     assert request.edits == {0: 1}
 
 

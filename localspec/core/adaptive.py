@@ -25,8 +25,13 @@ to make, only their verification rows; its acceptance is estimated per
 *match length* (how many tokens before the end of the context agree with the
 occurrence copied from), starting from acceptances measured per match length
 on the real pair (``LOOKUP_PRIOR``: a match of 16 tokens or more is a quote, a
-shorter one mostly a coincidence). The step takes whichever of none / model K /
-lookup K promises the most tokens per second.
+shorter one mostly a coincidence). The estimates learn from every step, not
+only from lookup's own drafts: whatever drafted, the tokens the target wrote
+are compared with what lookup would have copied (``observe_match``), so a
+match length lookup is not trusted with still gets measured, and a draft of
+``k`` copied tokens is credited position by position (its ``i``-th token was
+examined at match length ``m + i``). The step takes whichever of none /
+model K / lookup K promises the most tokens per second.
 
 Verification cost is kept per batch size (medians of recent samples), with a
 line through them only for sizes not measured yet: on a CPU with repacked
@@ -84,7 +89,6 @@ class Plan:
 
     source: str
     k: int
-    match: int = 0  # the lookup match length behind a LOOKUP plan
 
 
 @dataclass
@@ -97,7 +101,7 @@ class AdaptiveK:
     alpha_prior: float = 0.7  # prior acceptance rate, worth ``prior_weight`` examined drafts
     prior_weight: float = 4.0
     alpha_decay: float = 0.98  # running counts forget slowly: acceptance drifts with the text
-    idle_decay: float = 0.995  # per step that drafted nothing (K = 0): the prior returns over ~200 steps
+    idle_decay: float = 0.995  # per step the model did not draft (K = 0): its prior returns over ~200 steps
     explore_every: int = 8
     verify_slope_prior: float = 0.15  # extra cost of one more verified row, as a fraction of one row
     stale_steps: float = 64.0  # a batch size not measured for this many steps counts half in the fit
@@ -105,13 +109,15 @@ class AdaptiveK:
     hopeless_factor: int = 4  # ... times this between re-timings where the costs alone rule drafting out
     horizon_tokens: int = 64  # the draft's catch-up must pay for itself within this many tokens
     probe_budget: float = 0.03  # a probe's catch-up may cost this share of the reply's steps without the model
+    reply_carry: float = 0.25  # the weight lookup's evidence keeps into a new reply (see new_reply)
     _accepted: float = 0.0
     _examined: float = 0.0
     _draft: deque = field(default_factory=lambda: deque(maxlen=16))  # recent draft seconds per token
     _catch_up: deque = field(default_factory=lambda: deque(maxlen=8))  # recent catch-up seconds per backlog token
     _other: deque = field(default_factory=lambda: deque(maxlen=16))  # recent other seconds per row
     _verify: dict[int, deque] = field(default_factory=dict)  # batch rows -> recent (step, seconds)
-    _lookup: dict[int, list[float]] = field(default_factory=dict)  # match bin -> [accepted, examined], decayed
+    # match bin -> [agreed, compared]: how often the target wrote what lookup offered, decayed per comparison
+    _lookup: dict[int, list[float]] = field(default_factory=dict)
     _cache: dict = field(default_factory=dict)  # estimates derived from the samples (see _memo)
     _steps: int = 0
     _observed: int = 0
@@ -220,23 +226,46 @@ class AdaptiveK:
         return expected_tokens_per_step(self.alpha, k) / seconds
 
     def new_reply(self) -> None:
-        """A reply begins: probing budgets are per reply (see ``_probe``)."""
+        """A reply begins: probing budgets are per reply (see ``_probe``), and lookup's evidence shrinks to
+        ``reply_carry`` of its weight. How often a match continues differs from reply to reply (a chat
+        reply quotes nothing, a summary phrases, an edit a whole function): the new reply's own
+        comparisons soon outweigh the last reply's, while a bin seen often keeps its direction."""
         self._reply_start = self._steps
+        for counts in self._lookup.values():
+            counts[0] *= self.reply_carry
+            counts[1] *= self.reply_carry
+        self._cache.clear()
 
     def lookup_alpha(self, length: int) -> float:
-        """Acceptance estimate of a lookup match ``length`` tokens long: its bin's counts, with the bin's
-        measured prior (``LOOKUP_PRIOR``) worth ``prior_weight`` drafts. The counts carry over from reply
-        to reply: binned by match length, they describe how quotes and coincidences fare, not one text."""
+        """Acceptance estimate of a copied token at match length ``length``: its bin's counts, with the
+        bin's measured prior (``LOOKUP_PRIOR``) worth ``prior_weight`` comparisons. The counts carry over
+        from reply to reply: binned by match length, they describe how quotes and coincidences fare."""
         m = match_bucket(length)
-        accepted, examined = self._lookup.get(m, (0.0, 0.0))
-        return (accepted + LOOKUP_PRIOR[m] * self.prior_weight) / (examined + self.prior_weight)
+        agreed, compared = self._lookup.get(m, (0.0, 0.0))
+        return (agreed + LOOKUP_PRIOR[m] * self.prior_weight) / (compared + self.prior_weight)
 
-    def lookup_rate(self, match: Match, k: int) -> float | None:
-        """Predicted tokens per second copying ``k`` tokens of ``match`` (None before any cost data)."""
-        seconds = self.step_seconds(k, LOOKUP)
-        if seconds is None or seconds <= 0:
-            return None
-        return expected_tokens_per_step(self.lookup_alpha(match.length), k) / seconds
+    def lookup_expected(self, length: int, k: int) -> list[float]:
+        """Expected tokens of a step copying 1..``k`` tokens of a match ``length`` tokens long (index
+        ``n - 1`` for ``n`` copies): copied token ``i`` is reached only if the ones before it were
+        accepted, and is judged at match length ``length + i``, so a quote's estimate rises as it goes."""
+        expected, reach, out = 1.0, 1.0, []
+        for i in range(k):
+            reach *= self.lookup_alpha(length + i)
+            expected += reach
+            out.append(expected)
+        return out
+
+    def observe_match(self, length: int, agreed: int, compared: int) -> None:
+        """What the target wrote after a lookup match ``length`` tokens long, whatever drafted: its first
+        ``agreed`` tokens were the ones lookup offered, of ``compared`` compared (``compared > agreed``:
+        the next one differed). Every token the target writes is distributed as the target's own, so
+        comparing it with the copy measures a copied token's acceptance without drafting one. Each bin
+        forgets at ``alpha_decay`` per comparison it receives: it keeps the last ~50, however old."""
+        for i in range(compared):
+            counts = self._lookup.setdefault(match_bucket(length + i), [0.0, 0.0])
+            counts[0] = counts[0] * self.alpha_decay + (i < agreed)
+            counts[1] = counts[1] * self.alpha_decay + 1.0
+        self._cache.clear()
 
     # ------------------------------------------------------------------
     def choose(self, match: Match | None = None, model: bool = True, backlog: int = 0) -> Plan:
@@ -260,10 +289,11 @@ class AdaptiveK:
         if not ks:
             return None
         if self.verify_seconds(1) is None:  # nothing measured yet: free drafts are worth a try
-            return Plan(LOOKUP, ks[-1], match.length)
-        best, k = max(((self.lookup_rate(match, n) or 0.0, -n) for n in ks))
+            return Plan(LOOKUP, ks[-1])
+        expected = self.lookup_expected(match.length, ks[-1])
+        best, k = max((expected[n - 1] / self.step_seconds(n, LOOKUP), -n) for n in ks)
         rival = max((self.rate(n) or 0.0) for n in range(self.k_min if model else 0, (self.k_max if model else 0) + 1))
-        return Plan(LOOKUP, -k, match.length) if best > rival else None
+        return Plan(LOOKUP, -k) if best > rival else None
 
     def catch_up_seconds(self, backlog: int) -> float:
         """Predicted seconds for the draft to read ``backlog`` tokens it sat out, in one batch: measured
@@ -360,20 +390,13 @@ class AdaptiveK:
 
     def observe(
         self, drafted: int, accepted: int, examined: int, draft_s: float, verify_s: float, other_s: float,
-        source: str = MODEL, match: int = 0, catch_up_s: float = 0.0, backlog: int = 0,
+        source: str = MODEL, catch_up_s: float = 0.0, backlog: int = 0,
     ) -> None:
-        """Feed back what one step did and cost (``drafted`` = tokens actually proposed; ``match`` = the
-        lookup match length behind a LOOKUP step; ``catch_up_s`` = the one-off part of a model step's
-        draft seconds, spent reading ``backlog`` tokens it sat out)."""
+        """Feed back what one step did and cost (``drafted`` = tokens actually proposed; ``catch_up_s`` =
+        the one-off part of a model step's draft seconds, spent reading ``backlog`` tokens it sat out).
+        What lookup would have copied is fed back separately, on every step (``observe_match``)."""
         looked_up = source == LOOKUP and drafted > 0
-        for counts in self._lookup.values():  # what was learnt about lookup fades while it is not used
-            counts[0] *= self.alpha_decay if looked_up else self.idle_decay
-            counts[1] *= self.alpha_decay if looked_up else self.idle_decay
-        if looked_up:
-            counts = self._lookup.setdefault(match_bucket(match), [0.0, 0.0])
-            counts[0] += accepted
-            counts[1] += examined
-        else:
+        if not looked_up:
             decay = self.alpha_decay if examined else self.idle_decay  # without drafts, what was learnt fades slowly
             self._accepted = self._accepted * decay + accepted
             self._examined = self._examined * decay + examined

@@ -34,7 +34,7 @@ from localspec.core.events import (
     TokenStatus,
     TopEntry,
 )
-from localspec.core.model import LanguageModel, Vocabulary, sync_cache
+from localspec.core.model import LanguageModel, Vocabulary, common_prefix_length, sync_cache
 from localspec.core.modes import Draft, Mode, make_mode
 from localspec.core.respell import Respeller
 from localspec.core.sampling import SamplingParams, probabilities
@@ -42,9 +42,10 @@ from localspec.core.text import ReplyText
 from localspec.core.verify import Verdict
 
 MAX_DRAFT_TOKENS = 16
-# Without adaptive drafting, a drafter with both sources copies from the context when this many tokens
-# before its end agree with the occurrence found (a quote, not a coincidence), and asks the model otherwise:
-# on the real pair, matches of 16+ tokens were accepted 77-97 % of the time, shorter ones 5-45 % (adaptive.py).
+# A match this long is a quote, not a coincidence: on the real pair, matches of 16+ tokens were accepted
+# 77-97 % of the time, shorter ones 5-45 % (adaptive.py). Without adaptive drafting, a drafter with both
+# sources copies from the context at such a match and asks the model otherwise; and a token the target
+# wrote in place of a quote's next token is an edit even where lookup did not draft it.
 TRUSTED_MATCH = 16
 
 
@@ -104,6 +105,7 @@ class _Request:
     # what the target wrote instead of a copied token: the reply's edits (a renamed identifier),
     # which lookup copies in the old token's place
     edits: dict[int, int] = field(default_factory=dict)
+    unconfirmed: list[int] = field(default_factory=list)  # the edits learnt last step, until the text confirms them
     backlog: int = 0  # tokens the draft model sat out (beyond the usual two) when the step was planned
     step: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -131,21 +133,22 @@ class _Request:
         match = None
         if self.options.lookup or not has_model:
             match = self.drafter.lookup(self.context, self.edits)
+        offered = None if self.unconfirmed else match  # no bet on a match that runs through an unconfirmed edit
         if self.controller is not None:
             self.backlog = self.drafter.backlog(self.context) if has_model else 0
-            plan = self.controller.choose(match, model=has_model, backlog=self.backlog)
-        elif match is not None and (not has_model or match.length >= TRUSTED_MATCH):
-            plan = Plan(LOOKUP, self.options.draft_tokens, match.length)
+            plan = self.controller.choose(offered, model=has_model, backlog=self.backlog)
+        elif offered is not None and (not has_model or offered.length >= TRUSTED_MATCH):
+            plan = Plan(LOOKUP, self.options.draft_tokens)
         else:
             plan = Plan(MODEL if has_model else "", self.options.draft_tokens if has_model else 0)
         room = self.n_ctx - len(self.context)
         if plan.source == MODEL:  # the draft model's context must hold the drafts too
             room = min(room, self.drafter.model.context_size - len(self.context) + 1)
         remaining = self.options.max_tokens - self.stats.n_tokens
-        return Plan(plan.source, max(0, min(plan.k, remaining - 1, room)), plan.match), match
+        return Plan(plan.source, max(0, min(plan.k, remaining - 1, room))), match
 
-    def learn_edits(self, verdict: Verdict, respeller: Respeller | None = None) -> None:
-        """After a lookup step: a copied token the target replaced is an edit from now on.
+    def learn_edit(self, copied: int, written: int, respeller: Respeller | None = None) -> None:
+        """The target wrote ``written`` where lookup offered ``copied``: an edit from now on.
 
         The latest evidence wins: an edit reply keeps the prompt's wording up to the first renamed
         token and renames from there on, so earlier copies the target kept say nothing about what
@@ -153,17 +156,26 @@ class _Request:
         edit behind it is dropped. A renamed word's other spellings (`` orders``, ``(order``) are
         renamed with it (see :mod:`localspec.core.respell`).
         """
-        rejected = next((check.token for check in verdict.checks if not check.accepted), None)
-        if rejected is None or verdict.token == rejected:
+        if copied == written:
             return
-        guessed = [old for old, new in self.edits.items() if new == rejected]
+        guessed = [old for old, new in self.edits.items() if new == copied]
         for old in guessed:  # the replacement we copied was itself replaced: that edit was a guess
             del self.edits[old]
         if not guessed:
-            self.edits[rejected] = verdict.token
+            learnt = {copied: written}
             if respeller is not None:
-                for token, twin in respeller.spellings(rejected, verdict.token, self.context).items():
-                    self.edits.setdefault(token, twin)
+                learnt |= {t: twin for t, twin in respeller.spellings(copied, written, self.context).items() if t != copied}
+            self.unconfirmed = [token for token in learnt if token not in self.edits]
+            self.edits |= {token: learnt[token] for token in self.unconfirmed} | {copied: written}
+
+    def settle_edit(self, confirmed: bool) -> None:
+        """The step after an edit was learnt: a rename is followed by the source's next token (the text
+        goes on as quoted), a paraphrase is not. Without this, a summary that left its quote would
+        read each new word as an edit and bet a long draft on the next one, again and again."""
+        if not confirmed:
+            for token in self.unconfirmed:
+                del self.edits[token]
+        self.unconfirmed = []
 
 
 class SpeculativeDecoder:
@@ -287,10 +299,16 @@ class SpeculativeDecoder:
         # 4. roll the target back to the committed tokens (the draft catches up next step)
         self.target.truncate(len(context) + verdict.n_accepted)
         verify_s = self.target.decode_seconds - target_t0
-        if draft.source == LOOKUP:
-            request.learn_edits(verdict, self.respeller)
-
         emitted = draft.tokens[: verdict.n_accepted] + [verdict.token]
+        # what the target wrote against what lookup offered (whatever drafted): acceptance evidence per
+        # match length, and an edit where it replaced a copied token of a quote (or of a copied draft)
+        agreed = common_prefix_length(emitted, match.tokens) if match is not None else 0
+        compared = min(agreed + 1, len(emitted), match.available) if match is not None else 0
+        settling = bool(request.unconfirmed)  # this step's match ran through last step's edit
+        if settling:
+            request.settle_edit(confirmed=agreed > 0)
+        elif agreed < compared and (draft.source == LOOKUP or match.length + agreed >= TRUSTED_MATCH):
+            request.learn_edit(match.tokens[agreed], emitted[agreed], self.respeller)
         position = len(context)
         rows = self._position_records(mode, draft, target_logits, context, verdict, request.options.detail_top)
         # 5. commit and release the emitted tokens, up to an end of generation or a stop string
@@ -313,7 +331,9 @@ class SpeculativeDecoder:
         if request.controller is not None:  # the controller learns what drafting costs, one-off catch-ups apart
             catch_up_s = drafter.catch_up_s if draft.source == MODEL and draft.tokens else 0.0
             request.controller.observe(len(draft.tokens), verdict.n_accepted, len(verdict.checks), draft_s - catch_up_s,
-                                       verify_s, other_s, plan.source, plan.match, catch_up_s, request.backlog)  # fmt: skip
+                                       verify_s, other_s, plan.source, catch_up_s, request.backlog)  # fmt: skip
+            if match is not None and not settling:
+                request.controller.observe_match(match.length, agreed, compared)
         step = StepEvent(
             step=request.step, position=position, k=k, drafted=list(draft.tokens), n_accepted=verdict.n_accepted,
             source=draft.source if draft.tokens else "",
