@@ -328,6 +328,21 @@ def test_a_copied_draft_is_credited_position_by_position() -> None:
     assert expected[7] == pytest.approx(expected[3] + a16**4 * (a32 + a32**2 + a32**3 + a32**4))
 
 
+def test_a_new_reply_keeps_a_quarter_of_lookups_evidence() -> None:
+    """An edit reply's 40 agreeing comparisons at match length 4 weigh 10 in the next reply, so its own
+    first few disagreements pull the estimate down at once; a controller that kept them all would still
+    trust such matches after the same disagreements."""
+    controller, keeps_all = AdaptiveK(0, 8), AdaptiveK(0, 8, reply_carry=1.0)
+    for c in (controller, keeps_all):
+        for _ in range(40):
+            c.observe_match(4, 1, 1)
+        c.new_reply()
+        for _ in range(6):
+            c.observe_match(4, 0, 1)
+    assert controller.lookup_alpha(4) < 0.55 < keeps_all.lookup_alpha(4), (controller.lookup_alpha(4),
+                                                                            keeps_all.lookup_alpha(4))  # fmt: skip
+
+
 class WordVocab:
     """A vocabulary of whole words, as a BPE one has for common identifiers."""
 
