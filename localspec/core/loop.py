@@ -147,6 +147,20 @@ class _Request:
         remaining = self.options.max_tokens - self.stats.n_tokens
         return Plan(plan.source, max(0, min(plan.k, remaining - 1, room))), match
 
+    def compare_with_match(self, match: Match, emitted: list[int], copied: bool, respeller: Respeller) -> None:
+        """What the target wrote (``emitted``) against what lookup offered, whatever drafted (``copied``:
+        lookup did): acceptance evidence per match length for adaptive drafting, and an edit where the
+        target replaced the next token of a quote or of a copied draft."""
+        agreed = common_prefix_length(emitted, match.tokens)
+        compared = min(agreed + 1, len(emitted), match.available)
+        if self.unconfirmed:  # this match ran through last step's edit: it only settles that edit
+            self.settle_edit(confirmed=agreed > 0)
+            return
+        if self.controller is not None:
+            self.controller.observe_match(match.length, agreed, compared)
+        if agreed < compared and (copied or match.length + agreed >= TRUSTED_MATCH):
+            self.learn_edit(match.tokens[agreed], emitted[agreed], respeller)
+
     def learn_edit(self, copied: int, written: int, respeller: Respeller | None = None) -> None:
         """The target wrote ``written`` where lookup offered ``copied``: an edit from now on.
 
@@ -300,15 +314,8 @@ class SpeculativeDecoder:
         self.target.truncate(len(context) + verdict.n_accepted)
         verify_s = self.target.decode_seconds - target_t0
         emitted = draft.tokens[: verdict.n_accepted] + [verdict.token]
-        # what the target wrote against what lookup offered (whatever drafted): acceptance evidence per
-        # match length, and an edit where it replaced a copied token of a quote (or of a copied draft)
-        agreed = common_prefix_length(emitted, match.tokens) if match is not None else 0
-        compared = min(agreed + 1, len(emitted), match.available) if match is not None else 0
-        settling = bool(request.unconfirmed)  # this step's match ran through last step's edit
-        if settling:
-            request.settle_edit(confirmed=agreed > 0)
-        elif agreed < compared and (draft.source == LOOKUP or match.length + agreed >= TRUSTED_MATCH):
-            request.learn_edit(match.tokens[agreed], emitted[agreed], self.respeller)
+        if match is not None:
+            request.compare_with_match(match, emitted, draft.source == LOOKUP, self.respeller)
         position = len(context)
         rows = self._position_records(mode, draft, target_logits, context, verdict, request.options.detail_top)
         # 5. commit and release the emitted tokens, up to an end of generation or a stop string
@@ -332,8 +339,6 @@ class SpeculativeDecoder:
             catch_up_s = drafter.catch_up_s if draft.source == MODEL and draft.tokens else 0.0
             request.controller.observe(len(draft.tokens), verdict.n_accepted, len(verdict.checks), draft_s - catch_up_s,
                                        verify_s, other_s, plan.source, catch_up_s, request.backlog)  # fmt: skip
-            if match is not None and not settling:
-                request.controller.observe_match(match.length, agreed, compared)
         step = StepEvent(
             step=request.step, position=position, k=k, drafted=list(draft.tokens), n_accepted=verdict.n_accepted,
             source=draft.source if draft.tokens else "",
