@@ -187,6 +187,7 @@ class Engine:
         if self._ngram_decoder is None or self._ngram_decoder.target is not self.target:
             lookup = NgramDrafter(max_ngram=self.config.speculative.ngram_max)
             self._ngram_decoder = SpeculativeDecoder(self.target, self.target, lookup)
+            self._ngram_decoder.respeller = self.decoder.respeller  # same vocabulary: its index is built once
         return self._ngram_decoder
 
     def target_token_seconds(self, samples: int = 6, measure: bool = True) -> float | None:
