@@ -373,6 +373,26 @@ def test_measured_costs_leave_both_caches_as_they_were() -> None:
     assert measure_costs(ToyLM(V, seed=1), ToyLM(V, seed=2)) == Costs()  # no clock: nothing to start from
 
 
+@pytest.mark.parametrize("retime", [True, False])
+def test_a_calibration_batch_caught_in_a_spike_is_timed_again(retime: bool, monkeypatch) -> None:
+    """Another process made the first 16-row batch three times as slow: it cost more per row than 8 rows,
+    which no batch does by itself, so it is timed again. Control: without the re-timing the spike stays."""
+    import localspec.core.calibrate as calibrate
+
+    if not retime:
+        monkeypatch.setattr(calibrate, "_retime_spikes", lambda target, verify: verify)
+    batches_of_16 = []
+
+    def cost(rows: int) -> float:
+        if rows == 16:
+            batches_of_16.append(rows)
+        return cpu_verify(rows) * (3 if batches_of_16 == [16] and rows == 16 else 1)
+
+    costs = measure_costs(ClockedLM(V, seed=1, cost=cost))
+    assert costs.verify_s[16] == pytest.approx(cpu_verify(16) * (1 if retime else 3))
+    assert costs.verify_s[8] == pytest.approx(cpu_verify(8))
+
+
 def gpu_verify(rows: int) -> float:
     """A GPU-like target: a batch of 9 rows costs barely more than one."""
     return 0.010 + 0.0005 * rows

@@ -239,7 +239,8 @@ class AdaptiveK:
     def lookup_alpha(self, length: int) -> float:
         """Acceptance estimate of a copied token at match length ``length``: its bin's counts, with the
         bin's measured prior (``LOOKUP_PRIOR``) worth ``prior_weight`` comparisons. The counts carry over
-        from reply to reply: binned by match length, they describe how quotes and coincidences fare."""
+        from reply to reply (a quarter of their weight, see ``new_reply``): binned by match length, they
+        describe how quotes and coincidences fare."""
         m = match_bucket(length)
         agreed, compared = self._lookup.get(m, (0.0, 0.0))
         return (agreed + LOOKUP_PRIOR[m] * self.prior_weight) / (compared + self.prior_weight)
