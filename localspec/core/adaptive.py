@@ -234,7 +234,6 @@ class AdaptiveK:
         for counts in self._lookup.values():
             counts[0] *= self.reply_carry
             counts[1] *= self.reply_carry
-        self._cache.clear()
 
     def lookup_alpha(self, length: int) -> float:
         """Acceptance estimate of a copied token at match length ``length``: its bin's counts, with the
@@ -266,7 +265,6 @@ class AdaptiveK:
             counts = self._lookup.setdefault(match_bucket(length + i), [0.0, 0.0])
             counts[0] = counts[0] * self.alpha_decay + (i < agreed)
             counts[1] = counts[1] * self.alpha_decay + 1.0
-        self._cache.clear()
 
     # ------------------------------------------------------------------
     def choose(self, match: Match | None = None, model: bool = True, backlog: int = 0) -> Plan:

@@ -178,7 +178,7 @@ class _Request:
         if not guessed:
             learnt = {copied: written}
             if respeller is not None:
-                learnt |= {t: twin for t, twin in respeller.spellings(copied, written, self.context).items() if t != copied}
+                learnt |= respeller.spellings(copied, written, self.context)  # never ``copied`` itself
             self.unconfirmed = [token for token in learnt if token not in self.edits]
             self.edits |= {token: learnt[token] for token in self.unconfirmed} | {copied: written}
 
