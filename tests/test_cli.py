@@ -129,6 +129,10 @@ def test_unknown_config_key_and_bad_value(tmp_path) -> None:
     bad_key.write_text("sampling:\n  temprature: 0.5\n")
     line = one_error_line(run_cli("--config", str(bad_key), "generate", "hi"))
     assert "sampling.temprature" in line and "did you mean 'sampling.temperature'" in line
+    retired = tmp_path / "old.yaml"  # a setting an older version had: say so and how to mend the file
+    retired.write_text("speculative:\n  ngram_max: 3\n")
+    line = one_error_line(run_cli("--config", str(retired), "generate", "hi"))
+    assert "unknown setting 'speculative.ngram_max' (retired:" in line and "delete the line" in line
     bad_value = tmp_path / "bad2.yaml"
     bad_value.write_text("model:\n  n_ctx: 10\n")
     line = one_error_line(run_cli("--config", str(bad_value), "generate", "hi"))

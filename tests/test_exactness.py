@@ -228,7 +228,7 @@ def test_onehot_drafter_matches_target_exactly() -> None:
     """Prompt lookup proposes deterministically (q one-hot): accept with p(d), resample p without d."""
     params = SamplingParams(temperature=T)
     target, _ = _models()
-    ngram = NgramDrafter(max_ngram=3)
+    ngram = NgramDrafter(target)
     decoder = SpeculativeDecoder(target, target, ngram)
     joint, accepted = sample(decoder, params, "rejection")
     exact = exact_joint(target, PROMPT, params, LENGTH, V)

@@ -14,9 +14,9 @@ import pytest
 from localspec.core.adaptive import LOOKUP_PRIOR, AdaptiveK, Plan, match_bucket
 from localspec.core.calibrate import Costs
 from localspec.core.drafters import LOOKUP, MODEL, Draft, HybridDrafter, Match, ModelDrafter, NgramDrafter
+from localspec.core.edits import Edit, ReplyEdits
 from localspec.core.events import GenerationResult, StepEvent
 from localspec.core.loop import GenerationOptions, SpeculativeDecoder
-from localspec.core.respell import Respeller
 from localspec.core.sampling import SamplingParams
 
 from .stats import chi_square
@@ -60,7 +60,7 @@ def sample_hybrid(drafter_class, monkeypatch, mode: str = "rejection") -> tuple[
 
     monkeypatch.setattr(loop, "AdaptiveK", AlternatingK)
     target, draft = _models()
-    drafter = drafter_class(ModelDrafter(draft), NgramDrafter(max_ngram=3))
+    drafter = drafter_class(ModelDrafter(draft), NgramDrafter(target))
     decoder = SpeculativeDecoder(target, target, drafter)
     joint = np.zeros((V,) * LENGTH)
     sources: dict[str, int] = {}
@@ -100,7 +100,7 @@ def test_negative_control_lookup_verified_with_model_q(monkeypatch: pytest.Monke
 @pytest.mark.parametrize("noise", [0.5, 3.0])
 def test_adaptive_hybrid_greedy_is_identical_to_target_only(noise: float) -> None:
     target = ToyLM(V, seed=11, scale=1.6)
-    drafter = HybridDrafter(ModelDrafter(ToyLM(V, seed=23, base=target, noise=noise)), NgramDrafter())
+    drafter = HybridDrafter(ModelDrafter(ToyLM(V, seed=23, base=target, noise=noise)), NgramDrafter(target))
     decoder = SpeculativeDecoder(target, target, drafter)
     for prompt in ([0], [1, 2, 3, 1, 2], PROMPT):
         result = decoder.run(prompt, SamplingParams(temperature=0.0),
@@ -112,21 +112,26 @@ def test_adaptive_hybrid_greedy_is_identical_to_target_only(noise: float) -> Non
 # ---------------------------------------------------------------------------
 # prompt lookup: the longest agreement wins, renamed tokens are copied renamed
 # ---------------------------------------------------------------------------
+LETTERS = ToyLM(V, seed=0)  # a vocabulary of one letter per token: text matches are token matches
+
+
 def test_lookup_prefers_the_occurrence_that_agrees_longest() -> None:
     context = [7, 1, 2, 3, 4, 9, 9, 5, 2, 3, 4, 8, 1, 2, 3, 4]
-    match = NgramDrafter(max_ngram=3).lookup(context)
+    match = NgramDrafter(LETTERS).lookup(context)
     # "2 3 4" occurs twice; only the first is preceded by "1" as the context's end is
     assert match == Match(start=5, length=4, tokens=tuple(context[5:]))
-    latest = NgramDrafter(max_ngram=3).lookup([5, 2, 3, 4, 8, 1, 2, 3, 4, 6, 2, 3, 4])
+    latest = NgramDrafter(LETTERS).lookup([5, 2, 3, 4, 8, 1, 2, 3, 4, 6, 2, 3, 4])
     assert latest.start == 9 and latest.length == 3  # no longer agreement: the latest occurrence
 
 
 def test_lookup_applies_the_replies_edits() -> None:
     context = [1, 2, 3, 4, 5, 6, 1, 2]
-    assert NgramDrafter().lookup(context).tokens == (3, 4, 5, 6, 1, 2)
-    assert NgramDrafter().lookup(context, {5: 9}).tokens == (3, 4, 9, 6, 1, 2)  # known replacement: copied
+    assert NgramDrafter(LETTERS).lookup(context).tokens == (3, 4, 5, 6, 1, 2)
+    edits = ReplyEdits(LETTERS)
+    assert edits.learn(5, 9) == Edit(b"f", b"j", False, 5, 9)  # one letter: a replacement, not a rename
+    assert NgramDrafter(LETTERS).lookup(context, edits).tokens == (3, 4, 9, 6, 1, 2)  # known replacement: copied
     # after the reply wrote 9 where the prompt had 5, the text after it still matches the prompt
-    renamed = NgramDrafter().lookup([1, 2, 3, 4, 5, 6, 7, 8, 0, 3, 4, 9, 6], {5: 9})
+    renamed = NgramDrafter(LETTERS).lookup([1, 2, 3, 4, 5, 6, 7, 8, 0, 3, 4, 9, 6], edits)
     assert renamed.length == 4 and renamed.tokens[:2] == (7, 8)
 
 
@@ -144,7 +149,7 @@ def test_a_renamed_token_is_learnt_once_then_copied_renamed() -> None:
     """An edit that renames a token everywhere: lookup proposes the old one once, and from then on copies
     the new one in its place, so every later step is accepted whole."""
     target = RenamingLM(V, seed=1)
-    decoder = SpeculativeDecoder(target, target, NgramDrafter(max_ngram=2))
+    decoder = SpeculativeDecoder(target, target, NgramDrafter(target))
     prompt = [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]
     steps = []
     for event in decoder.stream(prompt, SamplingParams(temperature=0.0),
@@ -177,7 +182,7 @@ def test_a_rename_is_learnt_where_lookup_did_not_draft(learn: bool, monkeypatch:
     if not learn:
         monkeypatch.setattr(loop, "TRUSTED_MATCH", 10**9)
     target = RenamingLM(V, seed=1)
-    decoder = SpeculativeDecoder(target, target, NgramDrafter(max_ngram=2))
+    decoder = SpeculativeDecoder(target, target, NgramDrafter(target))
     prompt = [0, 1, 2, 3, 4] * 6
     result = decoder.run(prompt, SamplingParams(temperature=0.0),
                          GenerationOptions(mode="greedy", max_tokens=12, adaptive=True, min_draft_tokens=0))  # fmt: skip
@@ -190,18 +195,16 @@ def test_a_rename_is_learnt_where_lookup_did_not_draft(learn: bool, monkeypatch:
 
 def test_an_edit_the_text_does_not_confirm_is_dropped() -> None:
     """A reply that leaves its quote (a paraphrase) is not a rename: the edit learnt where it left is
-    dropped when the next token does not go on as the source, and no new edit is learnt from that."""
+    dropped when the next token does not go on as the source."""
     from localspec.core.loop import _Request
 
     request = _Request.__new__(_Request)
-    request.context, request.edits, request.unconfirmed = [2, 6, 4, 0, 7], {}, []
-    request.learn_edit(0, 1, Respeller(WordVocab()))
-    assert request.edits == {0: 1, 2: 3, 4: 5} and sorted(request.unconfirmed) == [0, 2, 4]
-    request.settle_edit(confirmed=False)
-    assert request.edits == {} and request.unconfirmed == []
-    request.learn_edit(0, 1, Respeller(WordVocab()))
-    request.settle_edit(confirmed=True)
-    assert request.edits == {0: 1, 2: 3, 4: 5} and request.unconfirmed == []
+    request.edits = ReplyEdits(WordVocab())
+    for confirmed in (False, True):
+        request.unconfirmed = request.edits.learn(word(" order"), word(" record"))
+        assert request.edits.edits == [Edit(b"order", b"record", True)]
+        request.settle_edit(confirmed=confirmed)
+        assert request.unconfirmed is None and bool(request.edits) == confirmed
 
 
 # ---------------------------------------------------------------------------
@@ -281,6 +284,28 @@ def test_lookup_drafts_use_the_cheap_batch_sizes() -> None:
     assert rate > line_rate
 
 
+def test_a_quote_drafts_the_cheapest_size_at_once() -> None:
+    """Costs measured for 1, 2, 4, 8 and 16 rows (the real pair's, calibrated): a quote that always continues
+    drafts 15 tokens at once, because a size between two measured ones is estimated on the line between
+    them. Control: estimating it at the best per-row cost measured (16 rows') makes 3 rows look cheaper
+    per row than they are, and the quote is drafted 2 tokens at a time (then 3, 4, ... as each is tried)."""
+
+    class PerRowOnly(AdaptiveK):
+        def _optimistic_verify_seconds(self, rows):
+            if rows in self._verify:
+                return self.verify_seconds(rows)
+            return min(self._fitted_verify_seconds(rows), rows * min(self.verify_seconds(n) / n for n in (2, 4, 8, 16)))
+
+    plans = {}
+    for controller in (AdaptiveK(0, 8), PerRowOnly(0, 8)):
+        controller.seed(Costs({1: 0.029, 2: 0.046, 4: 0.0708, 8: 0.117, 16: 0.175}, 0.015))
+        for _ in range(3):
+            controller.observe_match(64, 16, 16)
+        plans[type(controller)] = controller.choose(Match(0, 64, (0,) * 40))
+    assert plans[AdaptiveK] == Plan(LOOKUP, 15)
+    assert plans[PerRowOnly].k < 15, plans
+
+
 def test_lookup_prior_trusts_quotes_not_coincidences() -> None:
     """The measured prior: a one-token match is a coincidence (a lookup draft there does not pay at the
     real pair's costs), a 32-token one a quote (lookup drafts pay at once)."""
@@ -344,41 +369,107 @@ def test_a_new_reply_keeps_a_quarter_of_lookups_evidence() -> None:
 
 
 class WordVocab:
-    """A vocabulary of whole words, as a BPE one has for common identifiers."""
+    """A vocabulary of whole words, as a BPE one has for common identifiers, with a longest-first tokenizer:
+    like Qwen's, it spells ``(orders`` as ``(`` + ``orders`` but ``(records`` as one token."""
 
-    words = [b" order", b" record", b" orders", b" records", b"(order", b"(record", b"\n", b" the", b" ordering",
-             b" ord", b" rec"]  # fmt: skip
+    words = [b"def", b" summarise", b"_orders", b"_records", b"(", b"orders", b"(records", b",", b" currency", b")",
+             b":", b"\n", b" for", b" order", b" in", b" record", b" records", b" the", b" ordering", b" ord", b" rec",
+             b"ing", b"records", b" orders", b""]  # fmt: skip
+    end = len(words) - 1  # the end of a turn: a special token, without text
     vocab_size = len(words)
 
     def token_bytes(self, token: int) -> bytes:
         return self.words[token]
 
     def is_end_of_generation(self, token: int) -> bool:
-        return False
+        return token == self.end
+
+    def tokenize(self, text: bytes, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        tokens = []
+        while text:
+            token = max((t for t, w in enumerate(self.words) if w and text.startswith(w)),
+                        key=lambda t: len(self.words[t]))  # fmt: skip
+            tokens.append(token)
+            text = text[len(self.words[token]) :]
+        return tokens
 
 
-def test_a_rename_is_spread_to_the_words_other_spellings() -> None:
-    """`` order`` -> `` record`` learnt once renames `` orders`` and ``(order`` too (when the vocabulary has
-    their twins: `` ordering`` has none); a change that is not a word of 3+ letters spreads nothing."""
-    respeller = Respeller(WordVocab())
-    context = [6, 2, 7, 4, 8, 0, 10]
-    assert respeller.spellings(0, 1, context) == {2: 3, 4: 5}
-    assert respeller.spellings(6, 7, context) == {}  # "\n" -> " the": not a renamed word
-    assert respeller.spellings(9, 10, context) == {}  # " ord" -> " rec": a 3-letter word, but nothing contains it
-    assert respeller.spellings(0, 6, context) == {}
+def word(text: str) -> int:
+    return WordVocab.words.index(text.encode())
 
 
-def test_the_loop_learns_a_rename_once_for_all_its_spellings() -> None:
-    """Through learn_edit: one replaced copy, and every spelling in the context has its edit."""
+def words(text: str) -> list[int]:
+    return WordVocab().tokenize(text.encode())
+
+
+def test_edits_are_renamed_words_or_replaced_tokens() -> None:
+    """`` order`` -> `` record`` is a rename of the word ``order`` (it applies inside any token);
+    ``\n`` -> `` the`` is a replacement of that token only; nothing is learnt where one text begins the
+    other (the split into tokens differs, not the text), and a rename the target undid is dropped."""
+    edits = ReplyEdits(WordVocab())
+    assert edits.learn(word("\n"), word(" the")) == Edit(b"\n", b" the", False, word("\n"), word(" the"))
+    assert edits.learn(word(" ord"), word(" rec")) == Edit(b"ord", b"rec", True)  # 3 letters: a word
+    assert edits.learn(word("("), word("(records")) is None and edits.learn(word(" records"), word(" rec")) is None
+    edits.drop(edits.edits[-1])
+    assert edits.learn(word("_orders"), word("_records")) == Edit(b"order", b"record", True)
+    assert edits.learn(word(" records"), word(" ordering")) is None  # " records" came from the rename ...
+    assert edits.edits == [Edit(b"\n", b" the", False, word("\n"), word(" the"))]  # ... so it is dropped
+
+
+def test_lookup_matches_text_through_a_rename_that_changes_the_tokens() -> None:
+    """The reply renamed ``orders``: it wrote ``_records`` and then ``(records`` as ONE token where the prompt
+    has ``(`` + ``orders``. Read with the rename undone, the reply's end agrees with the prompt's text, so
+    lookup matches it whole and copies what followed, with other spellings renamed (`` records``) and
+    ``(records`` tokenized as the target writes it. Control: without the rename nothing agrees past it."""
+    prompt = words("def summarise_orders(orders, currency):\n for order in orders(orders)")
+    reply = words("def summarise_records(records")
+    assert word("(records") in reply and word("(") in prompt  # the rename changed the split
+    edits = ReplyEdits(WordVocab())
+    edits.learn(word("_orders"), word("_records"))
+    match = NgramDrafter(WordVocab()).lookup(prompt + reply, edits)
+    assert match.length == len(reply)  # the whole reply agrees, read as the prompt spelt it
+    # what followed, up to the context's end (the reply itself), renamed and spelt as the target would
+    assert match.tokens == tuple(words(", currency):\n for record in records(records)def summarise_records(records"))
+    unrenamed = NgramDrafter(WordVocab()).lookup(prompt + reply)
+    assert unrenamed is None or unrenamed.length < 2
+
+
+def test_a_renamed_word_is_learnt_after_a_short_quote() -> None:
+    """An edit reply renames within its first tokens (``def summarise_records``): a renamed word is learnt
+    where the target wrote it after 4 agreeing tokens, even on a step lookup did not draft; a replaced
+    token (or a rename after 3) only where lookup drafted it or after a quote of 16."""
     from localspec.core.loop import _Request
 
-    request = _Request.__new__(_Request)
-    request.context, request.edits, request.unconfirmed = [2, 6, 4, 0, 7], {}, []
-    request.learn_edit(0, 1, Respeller(WordVocab()))
-    assert request.edits == {0: 1, 2: 3, 4: 5}
-    request.edits = {}
-    request.learn_edit(0, 1)  # control: without the respeller only the replaced token is learnt
-    assert request.edits == {0: 1}
+    def learnt(length: int, copied: str, written: str) -> bool:
+        request = _Request.__new__(_Request)
+        request.edits, request.unconfirmed, request.controller = ReplyEdits(WordVocab()), None, None
+        match = Match(start=0, length=length, tokens=(word(copied), word(",")))
+        request.compare_with_match(match, [word(written)], copied=False)
+        return bool(request.edits)
+
+    assert learnt(4, "_orders", "_records") and learnt(16, "\n", " the")
+    assert not learnt(3, "_orders", "_records") and not learnt(15, "\n", " the")  # controls
+
+
+def test_a_copy_ends_with_the_end_of_a_turn() -> None:
+    """A reply that quotes a turn's last words is offered the end of the turn, not the chat template and the
+    next turn that follow it (their special tokens have no text, so read as text they would join up)."""
+    vocab = WordVocab()
+    quoted = words(" for order in orders")
+    context = quoted + [vocab.end] + words("\ndef summarise(records") + [vocab.end] + words("\n") + quoted
+    match = NgramDrafter(vocab).lookup(context)
+    assert match.tokens == (vocab.end,)
+    # and where the quote stopped short of the end, the copy runs up to it
+    assert NgramDrafter(vocab).lookup(context[:-2]).tokens == (word(" in"), word(" orders"), vocab.end)
+
+
+def test_a_copy_that_starts_inside_a_token_is_tokenized_afresh() -> None:
+    """The reply wrote ``(`` where the prompt has the token ``(records``: what follows in the prompt starts
+    inside that token, so the copy is its rest, ``records``, as a token of its own."""
+    prompt = words("def summarise(records, currency)")
+    assert word("(records") in prompt
+    match = NgramDrafter(WordVocab()).lookup(prompt + words("def summarise("))
+    assert match.tokens == tuple(words("records, currency)def summarise("))
 
 
 # ---------------------------------------------------------------------------

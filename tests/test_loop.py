@@ -54,7 +54,7 @@ def test_greedy_equals_target_only_for_all_prefixes(noise: float) -> None:
 
 def test_greedy_with_ngram_drafter_equals_target_only() -> None:
     target, _ = pair()
-    decoder = SpeculativeDecoder(target, target, NgramDrafter(max_ngram=2))
+    decoder = SpeculativeDecoder(target, target, NgramDrafter(target))
     for prompt in itertools.product(range(V), repeat=3):
         expected = greedy_reference(target, prompt, 10)
         got = run(decoder, list(prompt), SamplingParams(temperature=0.0), mode="greedy", max_tokens=10, draft_tokens=4)
@@ -95,7 +95,7 @@ def test_invariant_mode_with_filters_and_penalties_does_not_depend_on_the_drafte
     target = ToyLM(V, seed=11, scale=1.6)
     decoders = {
         "draft": SpeculativeDecoder(target, target, ModelDrafter(ToyLM(V, seed=23, base=target, noise=1.5))),
-        "prompt lookup": SpeculativeDecoder(target, target, NgramDrafter()),
+        "prompt lookup": SpeculativeDecoder(target, target, NgramDrafter(target)),
         "no draft": SpeculativeDecoder(target, target, None),
     }
     accepted = 0
@@ -111,7 +111,7 @@ def test_invariant_mode_with_filters_and_penalties_does_not_depend_on_the_drafte
 
 def test_invariant_mode_with_prompt_lookup_matches_no_draft() -> None:
     target = ToyLM(V, seed=11, scale=1.6)
-    ngram = SpeculativeDecoder(target, target, NgramDrafter())
+    ngram = SpeculativeDecoder(target, target, NgramDrafter(target))
     plain = SpeculativeDecoder(target, target, None)
     params = SamplingParams(temperature=0.8)
     for seed in range(300):
@@ -418,7 +418,7 @@ def test_detail_records_top_entries_for_every_reached_row() -> None:
 
 
 def test_ngram_drafter_copies_the_latest_match() -> None:
-    ngram = NgramDrafter(max_ngram=3)
+    ngram = NgramDrafter(ToyLM(10, seed=0))
     mode = RejectionMode(SamplingParams(), np.random.default_rng(0), 10)
     assert ngram.propose([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 3, mode).tokens == [7, 1, 2]
     assert ngram.propose([5, 6], 3, mode).tokens == []

@@ -84,6 +84,10 @@ class ToyLM:
     def is_end_of_generation(self, token: int) -> bool:
         return token == self.eos
 
+    def tokenize(self, text: str | bytes, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        text = text.decode() if isinstance(text, bytes) else text
+        return [ord(c) - ord("a") for c in text]
+
     # -- exact model -----------------------------------------------------
     def logits(self, prefix: Sequence[int]) -> np.ndarray:
         key = tuple(prefix)

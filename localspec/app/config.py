@@ -72,7 +72,6 @@ class SpeculativeConfig(_Section):
     adaptive: bool = setting(True, "choose K each step from measured acceptance and costs")
     min_draft_tokens: int = setting(0, "smallest K adaptive drafting may choose; 0 lets it stop drafting where drafting does not pay", 0, MAX_DRAFT_TOKENS)
     lookup: bool = setting(True, "also copy drafts from the context (prompt lookup) where it predicts the reply; adaptive drafting picks lookup, the draft model or nothing each step")
-    ngram_max: int = setting(3, "longest n-gram the prompt-lookup drafter matches", 1, 16)
 
 
 @dataclass(frozen=True)
@@ -237,7 +236,13 @@ def describe(key: str) -> SettingInfo:
     return SettingInfo(key, kind, f.default, meta["help"], meta.get("lo"), meta.get("hi"), choices, allowed_text(f), f)
 
 
+# settings that existed once: a config file written for an older version names them
+RETIRED = {"speculative.ngram_max": "prompt lookup finds the longest agreeing text by itself; delete the line"}
+
+
 def _suggest(key: str, candidates: list[str]) -> str:
+    if key in RETIRED:
+        return f" (retired: {RETIRED[key]})"
     close = difflib.get_close_matches(key, candidates, n=1)
     return f"; did you mean {close[0]!r}?" if close else f"; known settings: {', '.join(candidates)}"
 

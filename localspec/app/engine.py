@@ -80,7 +80,7 @@ class Engine:
         if spec.lower() == "none":
             return None
         if spec.lower() == "ngram":
-            return NgramDrafter(max_ngram=config.speculative.ngram_max)
+            return NgramDrafter(self.target)
         path = config.resolve_path(spec)
         self.draft_model = load_model(path, self.settings, "draft", _stage(progress, "draft"))
         try:
@@ -92,7 +92,7 @@ class Engine:
             self.draft_model = None
             raise
         model = ModelDrafter(self.draft_model, vocab_size=max(self.target.vocab_size, self.draft_model.vocab_size))
-        return HybridDrafter(model, NgramDrafter(max_ngram=config.speculative.ngram_max))  # lookup: per request
+        return HybridDrafter(model, NgramDrafter(self.target))  # lookup: per request
 
     # ------------------------------------------------------------------
     def pair_warning(self) -> str | None:
@@ -185,9 +185,7 @@ class Engine:
         if drafter != "ngram":
             raise ConfigError(f"drafter {drafter!r} is unknown; use None (the pair's) or 'ngram'")
         if self._ngram_decoder is None or self._ngram_decoder.target is not self.target:
-            lookup = NgramDrafter(max_ngram=self.config.speculative.ngram_max)
-            self._ngram_decoder = SpeculativeDecoder(self.target, self.target, lookup)
-            self._ngram_decoder.respeller = self.decoder.respeller  # same vocabulary: its index is built once
+            self._ngram_decoder = SpeculativeDecoder(self.target, self.target, NgramDrafter(self.target))
         return self._ngram_decoder
 
     def target_token_seconds(self, samples: int = 6, measure: bool = True) -> float | None:

@@ -7,14 +7,16 @@ or the statement that the proposal is deterministic (``q`` one-hot).
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
-from localspec.core.model import LanguageModel, common_prefix_length
+from localspec.core.edits import ReplyEdits
+from localspec.core.model import LanguageModel, Vocabulary, common_prefix_length
 from localspec.core.modes import Draft, Mode
 
 MODEL = "model"  # a proposal sampled from the draft model (q rows: the q-rule)
@@ -25,16 +27,16 @@ LOOKUP = "lookup"  # a proposal copied from the context (deterministic: the one-
 class Match:
     """What prompt lookup found: the tokens it would copy and how much evidence backs them.
 
-    ``length`` is how many tokens before the end of the context agree with the
-    tokens before the copied occurrence (the longest such occurrence wins): a
+    ``length`` is how many tokens at the end of the context agree with the
+    text before the copied occurrence (the longest such occurrence wins): a
     continuation preceded by twenty agreeing tokens is far more likely to be
     the text's continuation than one found after a single token, so adaptive
     drafting keeps its acceptance estimates per length.
     """
 
-    start: int  # index in the context where the copied continuation begins
-    length: int  # agreeing tokens before it (at least the matched n-gram)
-    tokens: tuple[int, ...]  # the proposal: what followed, with the reply's known edits applied
+    start: int  # index of the context token where the copied continuation begins
+    length: int  # tokens before the end of the context wholly inside the agreeing text (at least 1)
+    tokens: tuple[int, ...]  # the proposal: what followed, with the reply's known edits redone
 
     @property
     def available(self) -> int:
@@ -58,9 +60,9 @@ class Drafter(Protocol):
     def backlog(self, context: Sequence[int]) -> int:
         """Tokens of ``context`` a model draft would have to read before drafting, beyond the usual two."""
 
-    def lookup(self, context: Sequence[int], edits: Mapping[int, int] | None = None) -> Match | None:
-        """What prompt lookup offers after ``context`` (None: nothing, or this drafter does no lookup).
-        ``edits`` maps copied tokens the target replaced to what it wrote instead."""
+    def lookup(self, context: Sequence[int], edits: ReplyEdits | None = None) -> Match | None:
+        """What prompt lookup offers after ``context`` (None: nothing, or this drafter does no lookup),
+        reading it with the reply's ``edits`` undone."""
 
     def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
         """Return at most ``k`` tokens (possibly none); a drafter with a model samples them from it."""
@@ -89,7 +91,7 @@ class ModelDrafter:
     def backlog(self, context: Sequence[int]) -> int:
         return max(0, len(context) - common_prefix_length(self.model.cached_tokens, context) - 2)
 
-    def lookup(self, context: Sequence[int], edits: Mapping[int, int] | None = None) -> Match | None:
+    def lookup(self, context: Sequence[int], edits: ReplyEdits | None = None) -> Match | None:
         return None
 
     def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
@@ -146,11 +148,11 @@ class NgramDrafter:
     Costs no model evaluation at all, which pays off when replies quote the
     prompt (summaries, code edits, extraction).
 
-    Edits: a reply that renames an identifier writes ``records`` wherever the
-    prompt has ``orders``. Once the target has replaced a copied token, the
-    lookup matches with the new token read as the old one (so the text after a
-    renamed token still agrees with the prompt) and copies with the old token
-    written as the new one.
+    It matches text, not token ids, read with the reply's edits undone (see
+    :mod:`localspec.core.edits`): a reply that renames ``orders`` writes
+    ``(records`` where the prompt has ``(`` + ``orders``, so after a rename no
+    token sequence of the prompt agrees with the reply's end, while its text
+    read with the rename undone does.
     """
 
     name = "ngram"
@@ -159,11 +161,8 @@ class NgramDrafter:
     max_match = 64  # agreement counted up to this many tokens (enough to tell a quote from a coincidence)
     max_copy = 32  # most tokens one lookup offers
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.max_ngram = max_ngram
-        self.min_ngram = min_ngram
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.vocab = vocab
 
     def prefill(self, context: Sequence[int]) -> None:
         return None
@@ -171,45 +170,33 @@ class NgramDrafter:
     def backlog(self, context: Sequence[int]) -> int:
         return 0
 
-    def lookup(self, context: Sequence[int], edits: Mapping[int, int] | None = None) -> Match | None:
-        """The longest n-gram (``max_ngram`` down to ``min_ngram``) ending the context that occurred before;
-        among its occurrences the one whose preceding tokens agree longest, the latest of those."""
+    def lookup(self, context: Sequence[int], edits: ReplyEdits | None = None) -> Match | None:
+        """The longest text ending the context (its last token at least) that occurred before, the
+        latest such occurrence; what followed it, up to ``max_copy`` tokens."""
         if len(context) < 2:
             return None
-        tokens = np.asarray(context, dtype=np.int64)
-        if edits:  # read every new token as the old one it replaced, so text after an edit still matches
-            original = tokens
-            tokens = tokens.copy()
-            for old, new in edits.items():
-                tokens[original == new] = old
-        end = len(tokens)
-        for n in range(min(self.max_ngram, end - 1), self.min_ngram - 1, -1):
-            # all windows of length n that end before the last token
-            windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
-            hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
-            if not hits.size:
-                continue
-            length = n
-            while length < self.max_match and end - length - 1 >= 0:  # extend the agreement backwards
-                before = hits - (length - n) - 1
-                agree = hits[(before >= 0) & (tokens[np.maximum(before, 0)] == tokens[end - length - 1])]
-                if not agree.size:  # no occurrence keeps up: the ones left agree longest
-                    break
-                hits, length = agree, length + 1
-            start = int(hits[-1]) + n
-            return Match(start, length, _apply_edits(tokens[start : start + self.max_copy], edits))
-        return None
+        edits = edits if edits is not None else ReplyEdits(self.vocab)
+        text, starts = edits.source_text(context)
+        n, end = len(context), len(text)
+        shortest, longest = end - starts[n - 1], end - starts[max(0, n - self.max_match)]
+        if shortest == 0 or text.rfind(text[end - shortest :], 0, end - 1) < 0:
+            return None
+        while shortest < longest:  # every text shorter than one that occurred before occurred too
+            middle = (shortest + longest + 1) // 2
+            if text.rfind(text[end - middle :], 0, end - 1) >= 0:
+                shortest = middle
+            else:
+                longest = middle - 1
+        at = text.rfind(text[end - shortest :], 0, end - 1) + shortest  # where what followed begins
+        length = n - bisect.bisect_left(starts, end - shortest, hi=n)  # tokens wholly inside the agreement
+        copied = edits.copy(context, at, self.max_copy)
+        if not copied:
+            return None
+        return Match(edits.token_at(at, n), length, copied)
 
     def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
         match = self.lookup(context) if k > 0 else None
         return Draft(tokens=list(match.tokens[:k]) if match else [], q_rows=None, source=LOOKUP)
-
-
-def _apply_edits(copied: np.ndarray, edits: Mapping[int, int] | None) -> tuple[int, ...]:
-    """The copied tokens with each edited token written as its replacement."""
-    if not edits:
-        return tuple(copied.tolist())
-    return tuple(edits.get(token, token) for token in copied.tolist())
 
 
 class HybridDrafter:
@@ -239,7 +226,7 @@ class HybridDrafter:
     def backlog(self, context: Sequence[int]) -> int:
         return self.drafter.backlog(context)
 
-    def lookup(self, context: Sequence[int], edits: Mapping[int, int] | None = None) -> Match | None:
+    def lookup(self, context: Sequence[int], edits: ReplyEdits | None = None) -> Match | None:
         return self.lookup_drafter.lookup(context, edits)
 
     def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:

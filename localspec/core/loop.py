@@ -24,6 +24,7 @@ import numpy as np
 from localspec.core.adaptive import AdaptiveK, Plan
 from localspec.core.calibrate import Costs, measure_costs, token_seconds
 from localspec.core.drafters import LOOKUP, MODEL, Drafter, Match
+from localspec.core.edits import Edit, ReplyEdits
 from localspec.core.errors import ConfigError, PromptTooLongError
 from localspec.core.events import (
     GenerationResult,
@@ -36,7 +37,6 @@ from localspec.core.events import (
 )
 from localspec.core.model import LanguageModel, Vocabulary, common_prefix_length, sync_cache
 from localspec.core.modes import Draft, Mode, make_mode
-from localspec.core.respell import Respeller
 from localspec.core.sampling import SamplingParams, probabilities
 from localspec.core.text import ReplyText
 from localspec.core.verify import Verdict
@@ -47,6 +47,10 @@ MAX_DRAFT_TOKENS = 16
 # sources copies from the context at such a match and asks the model otherwise; and a token the target
 # wrote in place of a quote's next token is an edit even where lookup did not draft it.
 TRUSTED_MATCH = 16
+# A renamed word (``_orders`` -> ``_records``) is learnt after a shorter agreement: an edit reply renames
+# within its first few tokens (``def summarise_records``), and the text after a rename is read with it
+# undone only once it is learnt. The next token confirms it or drops it (``settle_edit``).
+RENAME_MATCH = 4
 
 
 @dataclass
@@ -101,11 +105,11 @@ class _Request:
     text: ReplyText
     controller: AdaptiveK | None
     n_ctx: int
+    # what the target wrote instead of copied text: the reply's edits (a renamed identifier), which
+    # lookup reads undone in the context and redoes in what it copies
+    edits: ReplyEdits
     reply: _Reply = field(default_factory=_Reply)
-    # what the target wrote instead of a copied token: the reply's edits (a renamed identifier),
-    # which lookup copies in the old token's place
-    edits: dict[int, int] = field(default_factory=dict)
-    unconfirmed: list[int] = field(default_factory=list)  # the edits learnt last step, until the text confirms them
+    unconfirmed: Edit | None = None  # the edit learnt last step, until the text confirms it
     backlog: int = 0  # tokens the draft model sat out (beyond the usual two) when the step was planned
     step: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -133,7 +137,7 @@ class _Request:
         match = None
         if self.options.lookup or not has_model:
             match = self.drafter.lookup(self.context, self.edits)
-        offered = None if self.unconfirmed else match  # no bet on a match that runs through an unconfirmed edit
+        offered = None if self.unconfirmed is not None else match  # no bet on a match that runs through an unconfirmed edit
         if self.controller is not None:
             self.backlog = self.drafter.backlog(self.context) if has_model else 0
             plan = self.controller.choose(offered, model=has_model, backlog=self.backlog)
@@ -147,49 +151,30 @@ class _Request:
         remaining = self.options.max_tokens - self.stats.n_tokens
         return Plan(plan.source, max(0, min(plan.k, remaining - 1, room))), match
 
-    def compare_with_match(self, match: Match, emitted: list[int], copied: bool, respeller: Respeller) -> None:
+    def compare_with_match(self, match: Match, emitted: list[int], copied: bool) -> None:
         """What the target wrote (``emitted``) against what lookup offered, whatever drafted (``copied``:
         lookup did): acceptance evidence per match length for adaptive drafting, and an edit where the
         target replaced the next token of a quote or of a copied draft."""
         agreed = common_prefix_length(emitted, match.tokens)
         compared = min(agreed + 1, len(emitted), match.available)
-        if self.unconfirmed:  # this match ran through last step's edit: it only settles that edit
+        if self.unconfirmed is not None:  # this match ran through last step's edit: it only settles that edit
             self.settle_edit(confirmed=agreed > 0)
             return
         if self.controller is not None:
             self.controller.observe_match(match.length, agreed, compared)
-        if agreed < compared and (copied or match.length + agreed >= TRUSTED_MATCH):
-            self.learn_edit(match.tokens[agreed], emitted[agreed], respeller)
-
-    def learn_edit(self, copied: int, written: int, respeller: Respeller | None = None) -> None:
-        """The target wrote ``written`` where lookup offered ``copied``: an edit from now on.
-
-        The latest evidence wins: an edit reply keeps the prompt's wording up to the first renamed
-        token and renames from there on, so earlier copies the target kept say nothing about what
-        comes next. A wrong guess costs one draft: when the target replaces a copied replacement, the
-        edit behind it is dropped. A renamed word's other spellings (`` orders``, ``(order``) are
-        renamed with it (see :mod:`localspec.core.respell`).
-        """
-        if copied == written:
+        if agreed == compared:
             return
-        guessed = [old for old, new in self.edits.items() if new == copied]
-        for old in guessed:  # the replacement we copied was itself replaced: that edit was a guess
-            del self.edits[old]
-        if not guessed:
-            learnt = {copied: written}
-            if respeller is not None:
-                learnt |= respeller.spellings(copied, written, self.context)  # never ``copied`` itself
-            self.unconfirmed = [token for token in learnt if token not in self.edits]
-            self.edits |= {token: learnt[token] for token in self.unconfirmed} | {copied: written}
+        quoted, replaced, written = match.length + agreed, match.tokens[agreed], emitted[agreed]
+        if copied or quoted >= TRUSTED_MATCH or (quoted >= RENAME_MATCH and self.edits.renames(replaced, written)):
+            self.unconfirmed = self.edits.learn(replaced, written)
 
     def settle_edit(self, confirmed: bool) -> None:
         """The step after an edit was learnt: a rename is followed by the source's next token (the text
         goes on as quoted), a paraphrase is not. Without this, a summary that left its quote would
         read each new word as an edit and bet a long draft on the next one, again and again."""
         if not confirmed:
-            for token in self.unconfirmed:
-                del self.edits[token]
-        self.unconfirmed = []
+            self.edits.drop(self.unconfirmed)
+        self.unconfirmed = None
 
 
 class SpeculativeDecoder:
@@ -204,7 +189,6 @@ class SpeculativeDecoder:
         self.controller: AdaptiveK | None = None  # the adaptive-K controller of the latest request
         self._controllers: dict[tuple, AdaptiveK] = {}
         self.costs: Costs | None = None  # measured before the first adaptive step, for every controller
-        self.respeller = Respeller(vocab)  # spreads a rename lookup learnt to its other spellings
 
     def _controller(self, options: GenerationOptions, params: SamplingParams) -> AdaptiveK:
         """The adaptive-K controller for these settings, kept across requests (chat turns) so a new
@@ -279,9 +263,7 @@ class SpeculativeDecoder:
             controller.new_reply()
         self.controller = controller  # inspectable after a run (bench, tests)
         request = _Request(context, options, mode, drafter, stats, ReplyText(self.vocab.token_bytes, options.stop),
-                           controller, n_ctx)  # fmt: skip
-        if drafter is not None and (options.lookup or drafter.model is None):
-            self.respeller.prepare()  # once per decoder, before the first reply that copies
+                           controller, n_ctx, ReplyEdits(self.vocab))  # fmt: skip
         stats.n_prompt_evaluated = sync_cache(self.target, context[:-1])
         if drafter is not None:
             drafter.prefill(context)
@@ -315,7 +297,7 @@ class SpeculativeDecoder:
         verify_s = self.target.decode_seconds - target_t0
         emitted = draft.tokens[: verdict.n_accepted] + [verdict.token]
         if match is not None:
-            request.compare_with_match(match, emitted, draft.source == LOOKUP, self.respeller)
+            request.compare_with_match(match, emitted, draft.source == LOOKUP)
         position = len(context)
         rows = self._position_records(mode, draft, target_logits, context, verdict, request.options.detail_top)
         # 5. commit and release the emitted tokens, up to an end of generation or a stop string

@@ -52,7 +52,7 @@ class LanguageModel(Protocol):
 
 @runtime_checkable
 class Vocabulary(Protocol):
-    """Token texts and end-of-generation ids."""
+    """Token texts, end-of-generation ids and the tokenizer."""
 
     @property
     def vocab_size(self) -> int:
@@ -63,6 +63,10 @@ class Vocabulary(Protocol):
 
     def is_end_of_generation(self, token: int) -> bool:
         """True for EOS/EOT-like tokens that end a reply."""
+
+    def tokenize(self, text: str | bytes, add_special: bool, parse_special: bool) -> list[int]:
+        """The tokens the model reads for ``text`` (with a BOS: ``add_special``; special tokens written as
+        text read as such: ``parse_special``). Prompt lookup spells a renamed copy with it."""
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

@@ -317,8 +317,8 @@ class LlamaModel:
     def is_end_of_generation(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self._vocab, token))
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8") if isinstance(text, str) else text
         capacity = len(data) + 16
         while True:
             buf = (C.llama_token * capacity)()
