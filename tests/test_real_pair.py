@@ -14,6 +14,8 @@ import pytest
 
 from localspec.app.engine import Engine
 from localspec.app.templates import Message, build_messages
+from localspec.core.drafters import NgramDrafter
+from localspec.core.edits import Edit, ReplyEdits
 from localspec.core.model import common_prefix_length
 from localspec.core.sampling import SamplingParams
 
@@ -76,6 +78,30 @@ def test_greedy_speculative_equals_target_only(engines) -> None:
             assert got.text == expected.text
             rejected_somewhere |= any(s.n_accepted < len(s.drafted) for s in steps)
     assert rejected_somewhere, "the test never exercised a rejection"
+
+
+def test_lookup_reads_a_rename_that_changes_qwens_tokens(engines) -> None:
+    """Qwen's tokenizer spells ``(orders`` as ``(`` + ``orders`` but ``(records`` as one token. With the
+    rename learnt from ``_orders`` -> ``_records``, the reply's end still agrees with the prompt's text and
+    lookup copies what followed, renamed and tokenized as the target writes it; without the rename, the
+    match is lost at ``(records``."""
+    vocab = engines["none"].target
+    spell = lambda text: vocab.tokenize(text, add_special=False, parse_special=False)  # noqa: E731
+    prompt = spell("def summarise_orders(orders, currency):\n    for order in orders:\n        pass\n")
+    reply = spell("def summarise_records(records")
+    assert len(spell("(orders")) == 2 and len(spell("(records")) == 1, "the rename changes the split"
+    old = next(t for t in prompt if vocab.token_bytes(t) == b"_orders")
+    new = next(t for t in reply if vocab.token_bytes(t) == b"_records")
+    edits = ReplyEdits(vocab)
+    assert edits.learn(old, new) == Edit(b"order", b"record", True)
+    match = NgramDrafter(vocab).lookup(prompt + reply, edits)
+    assert match.length >= 5
+    assert match.tokens[:12] == tuple(spell(", currency):\n    for record in records:\n        pass\n"))[:12]
+    lost = NgramDrafter(vocab).lookup(prompt + reply)
+    assert lost is None or lost.length < 2
+    # a copy that starts inside a UTF-8 character is tokenized all the same (llama.cpp reads a stray
+    # byte as U+FFFD): a wrong draft at worst, never an error
+    assert spell("é".encode()[1:] + b"abc")
 
 
 def test_greedy_prompt_lookup_equals_target_only_and_accepts_on_an_edit(engines) -> None:
