@@ -374,7 +374,8 @@ class WordVocab:
 
     words = [b"def", b" summarise", b"_orders", b"_records", b"(", b"orders", b"(records", b",", b" currency", b")",
              b":", b"\n", b" for", b" order", b" in", b" record", b" records", b" the", b" ordering", b" ord", b" rec",
-             b"ing", b"records", b" orders", b""]  # fmt: skip
+             b"ing", b"records", b" orders", b" total", b" running", b"_sum", b" =", b" 0", b" +=", b" value",
+             b" values", b""]  # fmt: skip
     end = len(words) - 1  # the end of a turn: a special token, without text
     vocab_size = len(words)
 
@@ -461,6 +462,37 @@ def test_a_copy_ends_with_the_end_of_a_turn() -> None:
     assert match.tokens == (vocab.end,)
     # and where the quote stopped short of the end, the copy runs up to it
     assert NgramDrafter(vocab).lookup(context[:-2]).tokens == (word(" in"), word(" orders"), vocab.end)
+
+
+def test_a_new_name_of_several_tokens_grows_and_is_read_across_them() -> None:
+    """``total`` -> ``running_sum``: the target writes `` running`` where the prompt has `` total``, then
+    ``_sum``. The rename learnt from the first token grows by the second (it goes on with the identifier;
+    `` =`` does not), and the context is read with the whole new name undone, across its two tokens, so
+    lookup matches the reply whole and copies `` running_sum`` where the prompt has `` total``. Control:
+    the rename as first learnt (`` total`` -> `` running``) loses the match at ``_sum``."""
+    vocab = WordVocab()
+    prompt = words(" total = 0\n for value in values:\n total += value")
+    reply = words(" running_sum = 0\n for")
+    assert reply[:2] == [word(" running"), word("_sum")]
+    edits, first = ReplyEdits(vocab), ReplyEdits(vocab)
+    rename = edits.learn(word(" total"), word(" running"))
+    first.learn(word(" total"), word(" running"))
+    grown = edits.grow(rename, word("_sum"))
+    assert grown == Edit(b"total", b"running_sum", True) and edits.edits == [grown]
+    assert edits.grow(grown, word(" =")) is None and edits.edits == [grown]  # the name ended
+    match = NgramDrafter(vocab).lookup(prompt + reply, edits)
+    assert match.length == len(reply)  # `` running`` + ``_sum`` read as `` total``
+    copied = words(" value in values:\n running_sum += value")
+    assert match.tokens[: len(copied)] == tuple(copied)
+    assert NgramDrafter(vocab).lookup(prompt + reply, first).length < len(reply) - 1
+    # the loop: learnt at `` running``, grown at ``_sum``, confirmed at `` =`` (the source's next token)
+    from localspec.core.loop import _Request
+
+    request = _Request.__new__(_Request)
+    request.edits, request.unconfirmed, request.controller = ReplyEdits(vocab), None, None
+    for written, offered in ((" running", (" total", " =")), ("_sum", (" =",)), (" =", (" =",))):
+        request.compare_with_match(Match(0, 8, tuple(map(word, offered))), [word(written)], copied=False)
+    assert request.edits.edits == [grown] and request.unconfirmed is None
 
 
 def test_a_copy_that_starts_inside_a_token_is_tokenized_afresh() -> None:

@@ -110,7 +110,9 @@ def test_greedy_prompt_lookup_equals_target_only_and_accepts_on_an_edit(engines)
     got, steps = generate(engines["ngram"], prompt, GREEDY, mode="greedy", max_tokens=96, draft_tokens=6, adaptive=False)
     assert got.token_ids == expected.token_ids
     assert "running_sum" in got.text
-    assert sum(s.n_accepted for s in steps) > 20, "prompt lookup should accept much of a quoted function"
+    # `total` -> `running_sum` takes two tokens (` running`, `_sum`): read as one rename, lookup keeps its
+    # match through it (50 of 60 tokens accepted here; 42 when the rename stopped at ` running`)
+    assert sum(s.n_accepted for s in steps) > 45, "prompt lookup should accept most of a quoted function"
 
 
 def test_invariant_mode_is_identical_with_the_draft_prompt_lookup_and_no_draft(engines) -> None:

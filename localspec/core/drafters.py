@@ -171,15 +171,18 @@ class NgramDrafter:
         return 0
 
     def lookup(self, context: Sequence[int], edits: ReplyEdits | None = None) -> Match | None:
-        """The longest text ending the context (its last token at least) that occurred before, the
-        latest such occurrence; what followed it, up to ``max_copy`` tokens."""
+        """The longest text ending the context (its last token with text at least) that occurred before,
+        the latest such occurrence; what followed it, up to ``max_copy`` tokens."""
         if len(context) < 2:
             return None
         edits = edits if edits is not None else ReplyEdits(self.vocab)
         text, starts = edits.source_text(context)
         n, end = len(context), len(text)
-        shortest, longest = end - starts[n - 1], end - starts[max(0, n - self.max_match)]
-        if shortest == 0 or text.rfind(text[end - shortest :], 0, end - 1) < 0:
+        last = bisect.bisect_left(starts, end, hi=n) - 1  # the last token with text of its own
+        if last < 0:
+            return None
+        shortest, longest = end - starts[last], end - starts[max(0, n - self.max_match)]
+        if text.rfind(text[end - shortest :], 0, end - 1) < 0:
             return None
         while shortest < longest:  # every text shorter than one that occurred before occurred too
             middle = (shortest + longest + 1) // 2

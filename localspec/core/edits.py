@@ -14,17 +14,26 @@ Two kinds of edit, learnt from a token the target wrote in place of a copied one
   once covers all its spellings (before, each spelling was learnt with a failed 10-15 token draft);
 - a *replacement*: any other change (``0`` -> ``1``), of that token only (shorter words such as ``s``
   or ``id`` appear inside too many others to spread safely).
+
+A new name may take several tokens (``total`` -> `` running`` + ``_sum``): a rename learnt from one
+token grows while the target goes on writing the same identifier (:meth:`ReplyEdits.grow`), and is
+undone in the context's text, across token boundaries.
 """
 
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass
 from typing import Sequence
+
+import numpy as np
 
 from localspec.core.model import Vocabulary, common_prefix_length
 
 MIN_WORD = 3  # a rename changes a word at least this long
+MAX_NAME = 64  # the longest new name a rename grows to
+IDENTIFIER = re.compile(rb"[A-Za-z0-9_]+")
 
 
 @dataclass(frozen=True)
@@ -46,9 +55,10 @@ class ReplyEdits:
         self.vocab = vocab
         self.edits: list[Edit] = []
         self._tokens: list[int] = []  # the context read so far ...
-        self._pieces: list[bytes] = []  # ... each token's text as the source spelt it
+        self._pieces: list[bytes] = []  # ... each token's text, replacements undone
         self._starts: list[int] = [0]  # where each piece starts in the joined text (and where it ends)
         self._text = b""
+        self._source: tuple[bytes, list[int]] = (b"", [0])  # the joined text with renames undone too
 
     def __bool__(self) -> bool:
         return bool(self.edits)
@@ -77,6 +87,20 @@ class ReplyEdits:
         self._forget()
         return edit
 
+    def grow(self, edit: Edit, written: int) -> Edit | None:
+        """The step after ``edit`` was learnt, the target wrote ``written`` instead of the source's next
+        token: if it goes on with the new name (`` running`` then ``_sum``), the rename's new name grows
+        by it (None: it does not, or ``edit`` is no rename)."""
+        text = self.vocab.token_bytes(written)
+        if not edit.word or edit not in self.edits or not IDENTIFIER.fullmatch(text):
+            return None
+        if len(edit.after) + len(text) > MAX_NAME:
+            return None
+        grown = Edit(edit.before, edit.after + text, True)
+        self.edits[self.edits.index(edit)] = grown
+        self._forget()
+        return grown
+
     def renames(self, copied: int, written: int) -> bool:
         """Whether writing ``written`` for ``copied`` renames a word (rather than replacing a token)."""
         return _changed_word(self.vocab.token_bytes(copied), self.vocab.token_bytes(written))[0] is not None
@@ -89,10 +113,11 @@ class ReplyEdits:
     # ------------------------------------------------------------------
     def source_text(self, context: Sequence[int]) -> tuple[bytes, list[int]]:
         """``context`` with every edit undone, as one text, and where each token starts in it (one more
-        entry: the end)."""
+        entry: the end). A token inside a renamed word spanning several tokens (``_sum`` of
+        `` running_sum``) starts where the word's undone spelling ends: it has no text of its own."""
         keep = common_prefix_length(self._tokens, context)
         if keep == len(self._tokens) == len(context):
-            return self._text, self._starts
+            return self._source
         del self._tokens[keep:], self._pieces[keep:], self._starts[keep + 1 :]
         for token in context[keep:]:
             piece = self._undo(token)
@@ -100,7 +125,8 @@ class ReplyEdits:
             self._pieces.append(piece)
             self._starts.append(self._starts[-1] + len(piece))
         self._text = b"".join(self._pieces)
-        return self._text, self._starts
+        self._source = self._undo_renames(self._text, self._starts)
+        return self._source
 
     def copy(self, context: Sequence[int], at: int, most: int) -> tuple[int, ...]:
         """Up to ``most`` tokens of what follows byte ``at`` of :meth:`source_text`, with the edits redone.
@@ -135,18 +161,47 @@ class ReplyEdits:
     def token_at(self, at: int, n: int) -> int:
         """The token of the context read last (``n`` tokens) that byte ``at`` of its text begins, or lies
         inside: where a copy from ``at`` starts (a token without text there, an end of turn, included)."""
-        first = bisect.bisect_left(self._starts, at, hi=n)
-        return first if first < n and self._starts[first] == at else first - 1
+        starts = self._source[1]
+        first = bisect.bisect_left(starts, at, hi=n)
+        return first if first < n and starts[first] == at else first - 1
 
     # ------------------------------------------------------------------
     def _undo(self, token: int) -> bytes:
-        text = self.vocab.token_bytes(token)
+        """A token's text with a replacement undone (renames are undone in the joined text)."""
+        for edit in self.edits:
+            if not edit.word and token == edit.written:
+                return edit.before
+        return self.vocab.token_bytes(token)
+
+    def _undo_renames(self, text: bytes, starts: list[int]) -> tuple[bytes, list[int]]:
+        """``text`` with each renamed word's new name written as the old one, and ``starts`` moved with it."""
+        spans = []  # (start, end, old name) of every new name in the text, left to right, not overlapping
         for edit in self.edits:
             if edit.word:
-                text = text.replace(edit.after, edit.before)
-            elif token == edit.written:
-                text = edit.before
-        return text
+                spans += [(m.start(), m.end(), edit.before) for m in re.finditer(re.escape(edit.after), text)]
+        if not spans:
+            return text, starts
+        spans.sort()
+        kept, end = [], 0
+        for span in spans:
+            if span[0] >= end:
+                kept.append(span)
+                end = span[1]
+        pieces, cursor = [], 0
+        for start, stop, old in kept:
+            pieces += [text[cursor:start], old]
+            cursor = stop
+        pieces.append(text[cursor:])
+        begin = np.array([k[0] for k in kept])
+        finish = np.array([k[1] for k in kept])
+        shift = np.concatenate([[0], np.cumsum([len(k[2]) - (k[1] - k[0]) for k in kept])])
+        at = np.asarray(starts)
+        moved = at + shift[np.searchsorted(finish, at, side="right")]
+        inside = np.searchsorted(begin, at, side="right") - 1  # the last new name starting at or before
+        within = (inside >= 0) & (at > begin[inside]) & (at < finish[inside])
+        ends = begin + shift[:-1] + np.array([len(k[2]) for k in kept])  # where each old name ends
+        moved[within] = ends[inside[within]]
+        return b"".join(pieces), moved.tolist()
 
     def _redo(self, text: bytes) -> bytes:
         for edit in self.edits:
@@ -157,6 +212,7 @@ class ReplyEdits:
     def _forget(self) -> None:
         """The edits changed: the context is read afresh."""
         self._tokens, self._pieces, self._starts, self._text = [], [], [0], b""
+        self._source = (b"", [0])
 
 
 def _changed_word(old: bytes, new: bytes) -> tuple[bytes | None, bytes]:

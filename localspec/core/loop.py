@@ -158,7 +158,11 @@ class _Request:
         agreed = common_prefix_length(emitted, match.tokens)
         compared = min(agreed + 1, len(emitted), match.available)
         if self.unconfirmed is not None:  # this match ran through last step's edit: it only settles that edit
-            self.settle_edit(confirmed=agreed > 0)
+            grown = None if agreed else self.edits.grow(self.unconfirmed, emitted[0])
+            if grown is not None:  # the new name goes on (`` running`` + ``_sum``): settled by the next token
+                self.unconfirmed = grown
+            else:
+                self.settle_edit(confirmed=agreed > 0)
             return
         if self.controller is not None:
             self.controller.observe_match(match.length, agreed, compared)
