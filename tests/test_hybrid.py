@@ -304,6 +304,12 @@ def test_a_quote_drafts_the_cheapest_size_at_once() -> None:
         plans[type(controller)] = controller.choose(Match(0, 64, (0,) * 40))
     assert plans[AdaptiveK] == Plan(LOOKUP, 15)
     assert plans[PerRowOnly].k < 15, plans
+    # beyond the largest size measured, its own cost per row: 29 rows measured dearer per row than 16
+    # (13.4 ms against 10.9), so 30 rows are not taken for 16's rate and tried at a loss
+    for controller in (AdaptiveK(0, 8), PerRowOnly(0, 8)):
+        controller.seed(Costs({1: 0.029, 2: 0.046, 4: 0.0708, 8: 0.117, 16: 0.175, 29: 0.39}, 0.015))
+        plans[type(controller)] = controller._optimistic_verify_seconds(30)
+    assert plans[AdaptiveK] > 30 * 0.0125 > plans[PerRowOnly] == pytest.approx(0.175 * 30 / 16), plans  # control
 
 
 def test_lookup_prior_trusts_quotes_not_coincidences() -> None:

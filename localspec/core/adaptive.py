@@ -200,24 +200,24 @@ class AdaptiveK:
 
     def _optimistic_verify_seconds(self, rows: int) -> float | None:
         """Lookup's view of a batch size: its measured cost; between two measured sizes, the straight
-        line between them; beyond the largest, the cheaper of the fitted line and the best per-row
-        cost measured at any size of two rows or more. Lookup drafts are free, so the only way to
-        learn what a longer batch costs is to try it once; a line through gemv-heavy sizes (5, 6, 7
-        rows) would keep it from ever trying 16 rows, which cost barely more than 12. Inside the
-        measured range the neighbours say more: a best per-row cost (16 rows') applied to 12-15 rows
-        made every size look as cheap per row, so a quote's drafts grew one size at a time, 11, 12,
-        13, 14, 15, each tried once at a loss, before settling on 15."""
+        line between them; beyond the largest, the cheaper of the fitted line and the largest size's
+        cost per row. Lookup drafts are free, so the only way to learn what a longer batch costs is
+        to try it once; a line through gemv-heavy sizes (5, 6, 7 rows) would keep it from ever trying
+        16 rows, which cost barely more than 12. Inside the measured range the neighbours say more:
+        the best per-row cost measured (16 rows') applied to 3-15 rows made every size look as cheap
+        per row, so a quote's drafts grew one size at a time, each tried once at a loss; and applied
+        beyond a larger size measured dearer per row (29 rows), it had 30, 31 and 32 rows tried too."""
         fitted = self.verify_seconds(rows)
         if rows in self._verify or fitted is None:
             return fitted
         below = max((n for n in self._verify if n < rows), default=None)
         above = min((n for n in self._verify if n > rows), default=None)
-        if below is not None and above is not None:
-            low, high = self.verify_seconds(below), self.verify_seconds(above)
-            return low + (high - low) * (rows - below) / (above - below)
-        per_row = self._memo("per_row", lambda: min(
-            (self.verify_seconds(n) / n for n in self._verify if n >= 2), default=None))  # fmt: skip
-        return min(fitted, per_row * rows) if per_row is not None else fitted
+        if above is None:
+            return min(fitted, self.verify_seconds(below) * rows / below)
+        if below is None:
+            return fitted
+        low, high = self.verify_seconds(below), self.verify_seconds(above)
+        return low + (high - low) * (rows - below) / (above - below)
 
     def step_seconds(self, k: int, source: str = MODEL) -> float | None:
         verify = self._optimistic_verify_seconds(k + 1) if source == LOOKUP else self.verify_seconds(k + 1)
