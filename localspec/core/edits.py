@@ -57,7 +57,6 @@ class ReplyEdits:
         self._tokens: list[int] = []  # the context read so far ...
         self._pieces: list[bytes] = []  # ... each token's text, replacements undone
         self._starts: list[int] = [0]  # where each piece starts in the joined text (and where it ends)
-        self._text = b""
         self._source: tuple[bytes, list[int]] = (b"", [0])  # the joined text with renames undone too
 
     def __bool__(self) -> bool:
@@ -124,8 +123,7 @@ class ReplyEdits:
             self._tokens.append(token)
             self._pieces.append(piece)
             self._starts.append(self._starts[-1] + len(piece))
-        self._text = b"".join(self._pieces)
-        self._source = self._undo_renames(self._text, self._starts)
+        self._source = self._undo_renames(b"".join(self._pieces), self._starts)
         return self._source
 
     def copy(self, context: Sequence[int], at: int, most: int) -> tuple[int, ...]:
@@ -211,7 +209,7 @@ class ReplyEdits:
 
     def _forget(self) -> None:
         """The edits changed: the context is read afresh."""
-        self._tokens, self._pieces, self._starts, self._text = [], [], [0], b""
+        self._tokens, self._pieces, self._starts = [], [], [0]
         self._source = (b"", [0])
 
 
