@@ -501,6 +501,33 @@ def test_a_new_name_of_several_tokens_grows_and_is_read_across_them() -> None:
     assert request.edits.edits == [grown] and request.unconfirmed is None
 
 
+def test_a_rename_the_target_declines_is_contested_and_the_target_picks() -> None:
+    """An edit reply renames ``order`` in the code but keeps it in the prose. Where the target writes the
+    source's spelling in place of a renamed word, the rename is contested, not dropped: the text after
+    either spelling still matches, and a copy stops before the next occurrence, so the target picks its
+    spelling as the step's bonus token. Writing the new name again makes the rename hold. Control: the
+    rename dropped (as before), the copy bets on `` order`` where the target writes `` record``."""
+    vocab = WordVocab()
+    prompt = words("def summarise_orders(orders):\n the orders\n for order in orders:\n")
+    reply = words("def summarise_records(records):\n the")
+    edits = ReplyEdits(vocab)
+    edits.learn(word("_orders"), word("_records"))
+    lookup = NgramDrafter(vocab).lookup
+    assert lookup(prompt + reply, edits).tokens[0] == word(" records")  # the rename, redone
+    assert edits.learn(word(" records"), word(" orders")) is None  # the target kept the prose's word
+    assert edits.edits == [Edit(b"order", b"record", True, contested=True)]
+    reply += [word(" orders")]
+    match = lookup(prompt + reply, edits)
+    assert match.length == len(reply)  # both spellings read as the source's
+    assert match.tokens == (word("\n"), word(" for"))  # ... and the copy stops before the contested word
+    reply += [word("\n"), word(" for"), word(" record")]  # the target picks the new name ...
+    edits.wrote(reply[-3:])
+    assert edits.edits == [Edit(b"order", b"record", True)]  # ... so the rename holds again
+    assert lookup(prompt + reply, edits).tokens[:3] == (word(" in"), word(" records"), word(":"))
+    dropped = ReplyEdits(vocab)  # control: the rename as it was before the prose declined it
+    dropped.learn(word("_orders"), word("_records"))
+    dropped.drop(dropped.edits[0])
+    assert lookup(prompt + reply[:-1], dropped).tokens[0] == word(" order")
 def test_a_copy_that_starts_inside_a_token_is_tokenized_afresh() -> None:
     """The reply wrote ``(`` where the prompt has the token ``(records``: what follows in the prompt starts
     inside that token, so the copy is its rest, ``records``, as a token of its own."""

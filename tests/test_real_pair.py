@@ -1,11 +1,13 @@
 """The default pair, Qwen2.5-Coder 1.5B (target) + 0.5B (draft), Q4_K_M: every exactness promise on real models.
 
-Q4_K_M goes through llama.cpp's repacked CPU kernels (CPU_REPACK), where a
-single row used to round differently from the rows of a batch; `make install`
-builds llama-cpp-python with patches/…q4k-gemv-batch-invariant.patch, which
-makes them agree. These tests hold the build to that: the target keeps its
-fast repacked weights *and* greedy/invariant output equals target-only output
-token for token. The prompts are not the benchmark's.
+Q4_K_M goes through llama.cpp's repacked CPU kernels (CPU_REPACK) and, for its
+Q6_K tensors, through a tiled matmul at 8 or more rows; in both a single row
+used to round differently from the rows of a batch. `make install` builds
+llama-cpp-python with patches/…q4k-gemv-batch-invariant.patch and
+patches/…q6k-vec-dot-tiled-invariant.patch, which make them agree. These tests
+hold the build to that: the target keeps its fast repacked weights and tiled
+matmul *and* greedy/invariant output equals target-only output token for
+token. The prompts are not the benchmark's.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from localspec.core.drafters import NgramDrafter
 from localspec.core.edits import Edit, ReplyEdits
 from localspec.core.model import common_prefix_length
 from localspec.core.sampling import SamplingParams
+from localspec.llama import runtime
 
 from .conftest import REAL_PAIR, generate, make_engine, run_cli
 
@@ -54,10 +57,12 @@ def chat_tokens(engine: Engine, text: str) -> list[int]:
     return engine.encode_chat([Message("user", text)]).tokens
 
 
-def test_target_keeps_the_fast_repacked_kernels_and_they_are_batch_invariant(engines) -> None:
-    """The patched build's point: invariance *with* CPU_REPACK, not by turning the fast kernels off."""
+def test_target_keeps_the_fast_kernels_and_they_are_batch_invariant(engines) -> None:
+    """The patched build's point: invariance *with* CPU_REPACK and the tiled Q6_K matmul on (the probes
+    reach 9 and 17 rows), not by turning the fast kernels off."""
     engine = engines["draft"]
     assert "CPU_REPACK" in engine.target.weight_buffers, engine.target.weight_buffers
+    assert runtime.tiled_matmul_enabled() and runtime.tiled_matmul_invariant()
     assert "Q4_K" in engine.target.description
     report = engine.invariance(refresh=True)
     assert report.identical, report.line()
@@ -155,7 +160,9 @@ def test_doctor_on_the_default_pair_tells_the_truth() -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf + qwen2.5-coder-0.5b-instruct-q4_k_m.gguf — compatible" in out
-    assert "patches: llama-cpp-python-0.3.36-q4k-gemv-batch-invariant.patch" in out
+    assert ("patches: llama-cpp-python-0.3.36-q4k-gemv-batch-invariant.patch "
+            "llama-cpp-python-0.3.36-q6k-vec-dot-tiled-invariant.patch") in out
+    assert "tiled K-quant matmul: on for Q6_K" in out
     target_line = next(line for line in out.splitlines() if line.startswith("weights (target)"))
     assert "CPU_REPACK" in target_line
     assert "batch invariance (target): qwen2.5-coder-1.5b-instruct-q4_k_m.gguf: batched and sequential logits are bit-identical" in out

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -178,7 +177,8 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
         return Diagnosis(
             "llama.cpp's tiled K-quant matmul is on (GGML_CPU_TILED_MM is set): batches of 8 or more rows are "
             "computed by another kernel than single rows",
-            "unset GGML_CPU_TILED_MM (localspec turns it off by itself) or set it to 0",
+            "run `make install` (its build makes single rows round like the tiled kernel), or unset "
+            "GGML_CPU_TILED_MM (localspec turns it off on a build without that patch) or set it to 0",
         )
     if facts.get("llamafile") == "on":
         return Diagnosis(
@@ -261,17 +261,8 @@ def save_cached(path: Path, settings: dict, build: str, report: InvarianceReport
         pass  # a cache, not a record: never fail a generation over it
 
 
-def build_stamp() -> dict | None:
-    """What `make install` recorded about the llama-cpp-python wheel it installed."""
-    stamp = Path(sys.prefix) / "localspec-llama-build.json"
-    try:
-        return json.loads(stamp.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def llama_build() -> dict[str, Any]:
-    """The installed llama.cpp: version, feature line, tiled matmul, GPU offload (what the doctor prints)."""
+    """The installed llama.cpp: version, feature line, tiled matmul, GPU offload, wheel record (what the doctor prints)."""
     from localspec.llama import runtime
 
     return {
@@ -279,25 +270,29 @@ def llama_build() -> dict[str, Any]:
         "system_info": runtime.system_info(),
         "tiled_matmul": runtime.tiled_matmul_enabled(),
         "gpu_offload": runtime.gpu_offload_supported(),
+        "tiled_invariant": runtime.tiled_matmul_invariant(),
+        "stamp": runtime.build_stamp() or {},  # what `make install` recorded about the wheel
     }
 
 
 def build_id() -> str:
     """What a measurement depends on besides the model: library version, features, flags and patches."""
-    stamp, build = build_stamp() or {}, llama_build()
+    build = llama_build()
+    stamp = build["stamp"]
     tiled = "tiled" if build["tiled_matmul"] else "untiled"
     return f"{build['version']} {build['system_info']} {stamp.get('wheel', '')} {stamp.get('patch_hash', '')} {tiled}"
 
 
 def build_facts(model) -> dict[str, str]:
     """What :func:`diagnose` quotes about a loaded target and the installed build."""
-    stamp, build = build_stamp() or {}, llama_build()
+    build = llama_build()
+    stamp = build["stamp"]
     return {
         "weight_type": model.description,
         "buffers": " + ".join(model.weight_buffers) or "?",
         "patched": "yes" if "q4k" in stamp.get("patches", "") else "no",
         "llamafile": "on" if "LLAMAFILE = 1" in build["system_info"] else "off",
-        "tiled": "on" if build["tiled_matmul"] else "off",
+        "tiled": ("patched" if build["tiled_invariant"] else "on") if build["tiled_matmul"] else "off",
     }
 
 

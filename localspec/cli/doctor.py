@@ -14,7 +14,7 @@ import psutil
 from localspec import __version__
 from localspec.app.config import Config
 from localspec.app.engine import Engine, llama_settings
-from localspec.app.invariance import build_stamp, llama_build, measure_model
+from localspec.app.invariance import llama_build, measure_model
 from localspec.core.errors import LocalspecError
 
 
@@ -38,17 +38,23 @@ def build_lines(build: dict) -> list[str]:
         "build flags: llamafile sgemm "
         + ("ON — batched F32/F16 logits are not bit-identical; rebuild with `make install`" if llamafile
            else "off (GGML_LLAMAFILE=OFF, as intended)"),
-        "tiled K-quant matmul: "
-        + ("ON (GGML_CPU_TILED_MM) — batches of 8+ rows round differently from single rows; unset it"
-           if build["tiled_matmul"] else "off (GGML_CPU_TILED_MM=0, so every batch size computes like one row)"),
-    ]  # fmt: skip
-    stamp = build_stamp()
+        "tiled K-quant matmul: " + _tiled_line(build),
+    ]
+    stamp = build["stamp"]
     if stamp:
         patches = stamp.get("patches") or "none"
         lines.append(f"installed wheel: {stamp.get('wheel', '?')} built with CMAKE_ARGS={stamp.get('cmake_args', '?')!r}, patches: {patches}")
     else:
         lines.append("installed wheel: no build record (not installed by `make install`)")
     return lines
+
+
+def _tiled_line(build: dict) -> str:
+    if not build["tiled_matmul"]:
+        return "off (GGML_CPU_TILED_MM=0, so every batch size computes like one row)"
+    if build["tiled_invariant"]:
+        return "on for Q6_K, whose single rows localspec's patch rounds like it (batches of 16+ rows ~15% cheaper)"
+    return "ON (GGML_CPU_TILED_MM) — batches of 8+ rows round differently from single rows; unset it"
 
 
 def machine_lines(config: Config, build: dict) -> list[str]:

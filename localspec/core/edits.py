@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -45,6 +45,7 @@ class Edit:
     word: bool
     copied: int = -1  # a replacement's tokens (unused for a rename)
     written: int = -1
+    contested: bool = False  # a rename the target also declined: the target picks at each occurrence
 
 
 class ReplyEdits:
@@ -68,17 +69,22 @@ class ReplyEdits:
 
         The latest evidence wins: an edit reply keeps the prompt's wording up to the first renamed
         token and renames from there on. A wrong guess costs one draft: when the target replaces a
-        token an edit made, that edit is dropped and nothing is learnt. Nor is anything learnt where
-        one text begins the other (``(`` against ``(records``): the text agrees, only its split into
-        tokens differs.
+        token an edit made, that edit is dropped and nothing is learnt, unless the target wrote the
+        source's own spelling of a renamed word: then the rename is *contested* (:meth:`wrote`).
+        Nor is anything learnt where one text begins the other (``(`` against ``(records``): the
+        text agrees, only its split into tokens differs.
         """
         old, new = self.vocab.token_bytes(copied), self.vocab.token_bytes(written)
         if old == new or old.startswith(new) or new.startswith(old):
             return None
         guessed = [e for e in self.edits if (e.after in old if e.word else e.written == copied)]
-        if guessed:
-            for edit in guessed:
+        for edit in guessed:
+            undone = old.replace(edit.after, edit.before)
+            if edit.word and (undone.startswith(new) or new.startswith(undone)):
+                self._swap(edit, replace(edit, contested=True))
+            else:
                 self.drop(edit)
+        if guessed:
             return None
         before, after = _changed_word(old, new)
         edit = Edit(before, after, True) if before is not None else Edit(old, new, False, copied, written)
@@ -100,9 +106,29 @@ class ReplyEdits:
         self._forget()
         return grown
 
+    def wrote(self, tokens: Sequence[int]) -> None:
+        """The target wrote ``tokens``. A contested rename whose new name they contain holds again.
+
+        An edit reply may rename ``order`` in the code and keep it in the docstring's prose. Dropping
+        the rename there cost the next copied draft (the code's ``for record``) and a relearning step;
+        instead a copy stops before each occurrence of a contested word (:meth:`copy`), so the target
+        writes it as the step's bonus token at no cost, either way, and the text after it matches both.
+        """
+        contested = [e for e in self.edits if e.contested]
+        if not contested:
+            return
+        text = b"".join(self.vocab.token_bytes(token) for token in tokens)
+        for edit in contested:
+            if edit.after in text:
+                self._swap(edit, replace(edit, contested=False))
+
     def renames(self, copied: int, written: int) -> bool:
         """Whether writing ``written`` for ``copied`` renames a word (rather than replacing a token)."""
         return _changed_word(self.vocab.token_bytes(copied), self.vocab.token_bytes(written))[0] is not None
+
+    def _swap(self, edit: Edit, changed: Edit) -> None:
+        """``edit`` becomes ``changed`` (the same rename, contested or not: the source text stays)."""
+        self.edits[self.edits.index(edit)] = changed
 
     def drop(self, edit: Edit) -> None:
         if edit in self.edits:
@@ -134,7 +160,8 @@ class ReplyEdits:
         it, and its last token dropped unless the copy reaches the context's end (a cut text may end
         in the first part of a word). A copy ends with the first end-of-generation token: after a
         quote that ended a turn comes the chat template and the next turn (whose special tokens have
-        no text), never what the target writes next.
+        no text), never what the target writes next. It also ends before the token holding a contested
+        word: the target picks its spelling (:meth:`wrote`).
         """
         text, starts = self.source_text(context)
         first = self.token_at(at, len(context))
@@ -143,6 +170,9 @@ class ReplyEdits:
         whole = ending is not None or stop == len(context)  # the copied text is not cut inside a word
         if ending is not None:
             stop = ending
+        contested = [found for e in self.edits if e.contested and (found := text.find(e.before, at, starts[stop])) >= 0]
+        if contested:
+            stop, whole, ending = max(first, self.token_at(min(contested), len(context))), False, None
         source = text[at : starts[stop]]
         redone = self._redo(source)
         if at == starts[first] and redone == source:

@@ -302,6 +302,7 @@ class SpeculativeDecoder:
         emitted = draft.tokens[: verdict.n_accepted] + [verdict.token]
         if match is not None:
             request.compare_with_match(match, emitted, draft.source == LOOKUP)
+        request.edits.wrote(emitted)
         position = len(context)
         rows = self._position_records(mode, draft, target_logits, context, verdict, request.options.detail_top)
         # 5. commit and release the emitted tokens, up to an end of generation or a stop string

@@ -11,10 +11,12 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import functools
+import json
 import os
 import sys
 import threading
 from collections import deque
+from pathlib import Path
 from typing import Any, Callable
 
 from localspec.core.errors import ModelError
@@ -27,12 +29,16 @@ except ImportError as _error:  # pragma: no cover - exercised only on a broken i
     ) from None
 
 # llama.cpp's CPU backend computes K-quant matmuls of 8 or more rows with a "tiled" kernel and
-# fewer rows with vec_dot; the two round differently, so a verification batch of K >= 7 drafts
-# would not score tokens as the target alone does (measured: Qwen2.5 Q4_K_M, max |diff| 0.38 at
-# 8+ rows). Off, every batch size computes like a single row. Cost, measured on two cores: single
-# tokens and batches up to 9 rows unchanged, 17 rows ~12% slower, prompt evaluation 10-20% slower.
-# Read once by llama.cpp at its first matmul; an explicit GGML_CPU_TILED_MM=1 wins (the doctor says so).
+# fewer rows with vec_dot. Stock, the two round differently (Qwen2.5 Q4_K_M: max |diff| 0.38 at 8+
+# rows), so a verification batch would not score tokens as the target alone does. localspec's patch
+# (patches/*-q6k-vec-dot-tiled-invariant.patch) makes Q6_K's x86 vec_dot round exactly like the
+# tiled kernel and keeps that kernel to Q6_K, the one K-quant the x86 repack does not take (Q4_K_M's
+# output matrix and half its ffn_down): with it the kernel stays on, and a 16-row verification of the
+# real pair's target costs 156-167 ms instead of 183-210 (32 rows: 275-297 instead of 356-400; one
+# row unchanged). A build without the patch gets it turned off. Read once by llama.cpp at its first
+# matmul; an explicit GGML_CPU_TILED_MM wins (the doctor says what it does).
 TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
+TILED_PATCH = "q6k-vec-dot-tiled-invariant"  # in the name of the patch that makes the tiled kernel invariant
 
 
 class ComputeThread:
@@ -109,7 +115,7 @@ class LlamaLog:
 def start() -> tuple[ComputeThread, LlamaLog]:
     """Set up llama.cpp for this process (once): environment, log capture, backend, compute thread."""
     os.environ.setdefault("GGML_LOG_LEVEL", "error")
-    os.environ.setdefault(TILED_MATMUL_ENV, "0")  # before the first matmul reads it
+    os.environ.setdefault(TILED_MATMUL_ENV, "1" if tiled_matmul_invariant() else "0")  # before the first matmul
     log = LlamaLog()
     C.llama_backend_init()
     return ComputeThread(), log
@@ -128,6 +134,20 @@ def system_info() -> str:
     """llama.cpp's feature line, e.g. ``CPU : AVX2 = 1 | ... | LLAMAFILE = 1``."""
     start()
     return C.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def build_stamp() -> dict | None:
+    """What `make install` recorded about the llama-cpp-python wheel it installed."""
+    stamp = Path(sys.prefix) / "localspec-llama-build.json"
+    try:
+        return json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def tiled_matmul_invariant() -> bool:
+    """Whether the installed build rounds single rows like the tiled matmul (localspec's Q6_K patch)."""
+    return TILED_PATCH in (build_stamp() or {}).get("patches", "")
 
 
 def tiled_matmul_enabled() -> bool:
