@@ -15,6 +15,11 @@ Two kinds of edit, learnt from a token the target wrote in place of a copied one
 - a *replacement*: any other change (``0`` -> ``1``), of that token only (shorter words such as ``s``
   or ``id`` appear inside too many others to spread safely).
 
+A rename the target declines somewhere (``order`` kept in a docstring's prose while the code says
+``record``) is *contested*, not dropped: a copy stops before the word, so the target picks its spelling
+as the step's bonus token, and the rename holds again once the target writes the new name
+(:meth:`ReplyEdits.wrote`).
+
 A new name may take several tokens (``total`` -> `` running`` + ``_sum``): a rename learnt from one
 token grows while the target goes on writing the same identifier (:meth:`ReplyEdits.grow`), and is
 undone in the context's text, across token boundaries.
