@@ -99,3 +99,18 @@ def test_when_nothing_helps_the_doctor_says_so_and_names_what_it_can() -> None:
     llamafile = diagnose(report_for({"something_else": True}, unfixable), loader({"something_else": True}, unfixable, []),
                          current, {**UNPATCHED, "llamafile": "on"})  # fmt: skip
     assert "llamafile" in llamafile.cause and "make install" in llamafile.fix
+
+
+def test_the_tiled_matmul_line_says_whether_it_is_safe() -> None:
+    """On, the tiled matmul is safe only with localspec's Q6_K patch in the build; the doctor tells the three
+    states apart (off / on and patched / on without the patch, which breaks invariance)."""
+    from localspec.cli.doctor import build_lines
+
+    def line(tiled: bool, invariant: bool) -> str:
+        build = {"version": "0.3.36", "system_info": "CPU : AVX2 = 1", "tiled_matmul": tiled,
+                 "tiled_invariant": invariant, "stamp": {}}  # fmt: skip
+        return next(text for text in build_lines(build) if text.startswith("tiled K-quant matmul"))
+
+    assert "off" in line(False, True) and "off" in line(False, False)
+    assert "on for Q6_K" in line(True, True)
+    assert "round differently" in line(True, False) and "unset it" in line(True, False)
