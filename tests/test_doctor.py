@@ -102,7 +102,7 @@ def test_when_nothing_helps_the_doctor_says_so_and_names_what_it_can() -> None:
 
 
 def test_the_tiled_matmul_line_says_whether_it_is_safe() -> None:
-    """On, the tiled matmul is safe only with localspec's Q6_K patch in the build; the doctor tells the three
+    """On, the tiled matmul is safe only with localspec's K-quant patch in the build; the doctor tells the three
     states apart (off / on and patched / on without the patch, which breaks invariance)."""
     from localspec.cli.doctor import build_lines
 
@@ -112,5 +112,5 @@ def test_the_tiled_matmul_line_says_whether_it_is_safe() -> None:
         return next(text for text in build_lines(build) if text.startswith("tiled K-quant matmul"))
 
     assert "off" in line(False, True) and "off" in line(False, False)
-    assert "on for Q6_K" in line(True, True)
+    assert "on for Q4_K, Q5_K and Q6_K" in line(True, True)
     assert "round differently" in line(True, False) and "unset it" in line(True, False)

@@ -4,7 +4,7 @@ Q4_K_M goes through llama.cpp's repacked CPU kernels (CPU_REPACK) and, for its
 Q6_K tensors, through a tiled matmul at 8 or more rows; in both a single row
 used to round differently from the rows of a batch. `make install` builds
 llama-cpp-python with patches/…q4k-gemv-batch-invariant.patch and
-patches/…q6k-vec-dot-tiled-invariant.patch, which make them agree. These tests
+patches/…kquant-vec-dot-tiled-invariant.patch, which make them agree. These tests
 hold the build to that: the target keeps its fast repacked weights and tiled
 matmul *and* greedy/invariant output equals target-only output token for
 token. The prompts are not the benchmark's.
@@ -160,9 +160,9 @@ def test_doctor_on_the_default_pair_tells_the_truth() -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf + qwen2.5-coder-0.5b-instruct-q4_k_m.gguf — compatible" in out
-    assert ("patches: llama-cpp-python-0.3.36-q4k-gemv-batch-invariant.patch "
-            "llama-cpp-python-0.3.36-q6k-vec-dot-tiled-invariant.patch") in out
-    assert "tiled K-quant matmul: on for Q6_K" in out
+    assert ("patches: llama-cpp-python-0.3.36-kquant-vec-dot-tiled-invariant.patch "
+            "llama-cpp-python-0.3.36-q4k-gemv-batch-invariant.patch") in out
+    assert "tiled K-quant matmul: on for Q4_K, Q5_K and Q6_K" in out
     target_line = next(line for line in out.splitlines() if line.startswith("weights (target)"))
     assert "CPU_REPACK" in target_line
     assert "batch invariance (target): qwen2.5-coder-1.5b-instruct-q4_k_m.gguf: batched and sequential logits are bit-identical" in out

@@ -53,7 +53,7 @@ def _tiled_line(build: dict) -> str:
     if not build["tiled_matmul"]:
         return "off (GGML_CPU_TILED_MM=0, so every batch size computes like one row)"
     if build["tiled_invariant"]:
-        return "on for Q6_K, whose single rows localspec's patch rounds like it (batches of 16+ rows ~15% cheaper)"
+        return "on for Q4_K, Q5_K and Q6_K, whose single rows localspec's patch rounds like it (cheaper batches of 8+ rows)"
     return "ON (GGML_CPU_TILED_MM) — batches of 8+ rows round differently from single rows; unset it"
 
 

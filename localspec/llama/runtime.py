@@ -29,16 +29,18 @@ except ImportError as _error:  # pragma: no cover - exercised only on a broken i
     ) from None
 
 # llama.cpp's CPU backend computes K-quant matmuls of 8 or more rows with a "tiled" kernel and
-# fewer rows with vec_dot. Stock, the two round differently (Qwen2.5 Q4_K_M: max |diff| 0.38 at 8+
-# rows), so a verification batch would not score tokens as the target alone does. localspec's patch
-# (patches/*-q6k-vec-dot-tiled-invariant.patch) makes Q6_K's x86 vec_dot round exactly like the
-# tiled kernel and keeps that kernel to Q6_K, the one K-quant the x86 repack does not take (Q4_K_M's
-# output matrix and half its ffn_down): with it the kernel stays on, and a 16-row verification of the
-# real pair's target costs 156-167 ms instead of 183-210 (32 rows: 275-297 instead of 356-400; one
-# row unchanged). A build without the patch gets it turned off. Read once by llama.cpp at its first
-# matmul; an explicit GGML_CPU_TILED_MM wins (the doctor says what it does).
+# fewer rows with vec_dot. Stock, the two round differently (Qwen2.5 Q4_K_M: max |diff| 0.38-0.59 at
+# 8+ rows), so a verification batch would not score tokens as the target alone does. localspec's
+# patch (patches/*-kquant-vec-dot-tiled-invariant.patch) makes the x86 vec_dot of Q4_K, Q5_K and Q6_K
+# round exactly like the tiled kernel and keeps that kernel to those types: with it the kernel stays
+# on. For Q4_K_M's Q6_K tensors (its output matrix and half its ffn_down; its Q4_K ones sit in the
+# repacked buffer) a 16-row verification of the real pair's target costs 156-169 ms instead of
+# 183-210, 32 rows 275-299 instead of 356-402, one row the same; for Q4_K and Q5_K weights outside
+# the repack (a Q5_K_M model) 16 rows of a matrix cost a third. A build without the patch gets the
+# kernel turned off. Read once by llama.cpp at its first matmul; an explicit GGML_CPU_TILED_MM wins
+# (the doctor says what it does).
 TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
-TILED_PATCH = "q6k-vec-dot-tiled-invariant"  # in the name of the patch that makes the tiled kernel invariant
+TILED_PATCH = "kquant-vec-dot-tiled-invariant"  # in the name of the patch that makes the tiled kernel invariant
 
 
 class ComputeThread:
@@ -146,7 +148,7 @@ def build_stamp() -> dict | None:
 
 
 def tiled_matmul_invariant() -> bool:
-    """Whether the installed build rounds single rows like the tiled matmul (localspec's Q6_K patch)."""
+    """Whether the installed build rounds single rows like the tiled matmul (localspec's K-quant patch)."""
     return TILED_PATCH in (build_stamp() or {}).get("patches", "")
 
 
