@@ -107,8 +107,8 @@ class ReplyEdits:
         if len(edit.after) + len(text) > MAX_NAME:
             return None
         grown = Edit(edit.before, edit.after + text, True)
-        self.edits[self.edits.index(edit)] = grown
-        self._forget()
+        self._swap(edit, grown)
+        self._forget()  # the new name is longer: the source text changes
         return grown
 
     def wrote(self, tokens: Sequence[int]) -> None:
@@ -132,7 +132,7 @@ class ReplyEdits:
         return _changed_word(self.vocab.token_bytes(copied), self.vocab.token_bytes(written))[0] is not None
 
     def _swap(self, edit: Edit, changed: Edit) -> None:
-        """``edit`` becomes ``changed`` (the same rename, contested or not: the source text stays)."""
+        """``edit`` becomes ``changed`` in place (its position decides nothing, but keeps the order learnt)."""
         self.edits[self.edits.index(edit)] = changed
 
     def drop(self, edit: Edit) -> None:

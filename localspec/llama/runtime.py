@@ -138,8 +138,10 @@ def system_info() -> str:
     return C.llama_print_system_info().decode("utf-8", errors="replace").strip()
 
 
+@functools.cache
 def build_stamp() -> dict | None:
-    """What `make install` recorded about the llama-cpp-python wheel it installed."""
+    """What `make install` recorded about the llama-cpp-python wheel it installed (read once: the
+    library this process loaded does not change under it)."""
     stamp = Path(sys.prefix) / "localspec-llama-build.json"
     try:
         return json.loads(stamp.read_text())
