@@ -367,7 +367,7 @@ def test_measured_costs_leave_both_caches_as_they_were() -> None:
     target.extend([1, 2, 3], 1)
     draft.extend([1, 2], 1)
     costs = measure_costs(target, draft)
-    assert costs.verify_s == {n: pytest.approx(cpu_verify(n)) for n in (1, 2, 4, 8, 16)}
+    assert costs.verify_s == {n: pytest.approx(cpu_verify(n)) for n in (1, 2, 3, 4, 8, 16)}
     assert costs.draft_token_s == pytest.approx(0.015)
     assert (target.cache, draft.cache) == ([1, 2, 3], [1, 2])
     assert measure_costs(ToyLM(V, seed=1), ToyLM(V, seed=2)) == Costs()  # no clock: nothing to start from

@@ -28,9 +28,10 @@ PROBE_TEXT = (
 )
 PROBE_BATCH = 5
 # Verification batch sizes probed early in the context. CPU kernels switch with the number of rows:
-# repacked K-quants send rows in groups of 4 to a gemm and the rest to a gemv (3, 5, 17), the tiled
-# K-quant matmul takes 8 or more rows (9, 17 = the largest batch, K = 16 drafts plus one).
-PROBE_SIZES = (3, 5, 9, 17)
+# repacked K-quants send rows in groups of 4 to a gemm and the rest to a gemv, which localspec's
+# patch runs on 1, 2 or 3 rows at once (2, 3, 5, 17), the tiled K-quant matmul takes 8 or more rows
+# (9, 17 = the largest batch, K = 16 drafts plus one).
+PROBE_SIZES = (2, 3, 5, 9, 17)
 PAST = 300  # positions beyond 256: flash attention on CPU changes there (measured)
 
 
