@@ -6,7 +6,8 @@
 # the patches in patches/ applied (the Q4_K repack gemv made to round like its
 # gemm, and Q6_K's vec_dot like the tiled matmul, so Q4_K_M models are
 # batch-invariant with llama.cpp's fast kernels; DESIGN §9; and the Q4_K gemv
-# taking 2-3 rows in one pass over the weights, which makes short drafts cheaper). pip's wheel cache does not key on CMAKE_ARGS or patches, so the
+# and Q6_K vec_dot taking 2-7 rows in one pass over the weights, in long chunks,
+# which makes single tokens and short drafts cheaper). pip's wheel cache does not key on CMAKE_ARGS or patches, so the
 # built wheel is kept in a folder named after the version, the flags, the
 # patches' hash and the Python/platform, and installed from there.
 
