@@ -8,8 +8,8 @@ model draft that can never win, and makes the draft read the whole prompt
 target and one token on the draft (0.6 s for a 1.5B target on
 two cores) answer the question before the first step: whether the model can
 pay even at acceptance 1, and which verification batch sizes are cheap
-(llama.cpp's CPU gemm takes rows in fours: 8 rows can cost less than 7, and
-with localspec's patch 3 rows cost two thirds of 4).
+(llama.cpp's CPU kernels change with the number of rows: 16 rows can cost
+less than 15, and 8 a third more than 7).
 The measurements are starting points only; every step's own timings follow.
 """
 
@@ -42,9 +42,9 @@ def measure_costs(target: LanguageModel, draft: LanguageModel | None = None, row
 def _retime_spikes(target: LanguageModel, verify: dict[int, float]) -> dict[int, float]:
     """Time again, once, each batch that cost more per row than a smaller one, and keep the faster time.
 
-    Per row, a batch mostly costs less the larger it is (measured here 28, 19, 16, 18, 16 and 10 ms per
-    row for 1, 2, 3, 4, 8 and 16 rows: 4 rows, the smallest gemm, is the one exception and costs one
-    extra timing), so a larger batch that cost more per row was likely caught by another process. Adaptive drafting takes a size's samples at their word, and lookup uses 16
+    Per row, a batch costs less or about the same the larger it is (measured here 25, 17, 17, 17, 17 and
+    11 ms per row for 1, 2, 3, 4, 8 and 16 rows), so a larger batch that cost more per row was likely
+    caught by another process; one that costs about the same is at worst timed twice. Adaptive drafting takes a size's samples at their word, and lookup uses 16
     rows only if it believes them cheap: one spiked sample would keep it from them for the session.
     """
     retimed = dict(verify)
