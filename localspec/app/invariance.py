@@ -28,9 +28,9 @@ PROBE_TEXT = (
 )
 PROBE_BATCH = 5
 # Verification batch sizes probed early in the context. CPU kernels switch with the number of rows:
-# repacked K-quants send rows in groups of 4 to a gemm and the rest to a gemv, which localspec's
-# patch runs on 1, 2 or 3 rows at once (2, 3, 5, 17), the tiled K-quant matmul takes 8 or more rows
-# (9, 17 = the largest batch, K = 16 drafts plus one).
+# repacked Q4_K goes to a gemv that localspec's patch runs on up to 4 rows at once (2, 3, 5 = 4 + 1)
+# below 8 rows and to a gemm in groups of 4 from 8 on (9, 17), Q6_K to a 1-4-row vec_dot below 8
+# rows and the tiled K-quant matmul from 8 on (9, 17 = the largest batch, K = 16 drafts plus one).
 PROBE_SIZES = (2, 3, 5, 9, 17)
 PAST = 300  # positions beyond 256: flash attention on CPU changes there (measured)
 

@@ -44,8 +44,9 @@ def _retime_spikes(target: LanguageModel, verify: dict[int, float]) -> dict[int,
 
     Per row, a batch costs less or about the same the larger it is (measured here 25, 17, 17, 17, 17 and
     11 ms per row for 1, 2, 3, 4, 8 and 16 rows), so a larger batch that cost more per row was likely
-    caught by another process; one that costs about the same is at worst timed twice. Adaptive drafting takes a size's samples at their word, and lookup uses 16
-    rows only if it believes them cheap: one spiked sample would keep it from them for the session.
+    caught by another process; one that costs about the same is at worst timed twice. Adaptive
+    drafting takes a size's samples at their word, and lookup uses 16 rows only if it believes them
+    cheap: one spiked sample would keep it from them for the session.
     """
     retimed = dict(verify)
     for n in sorted(verify):
