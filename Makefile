@@ -4,12 +4,14 @@
 # -DGGML_LLAMAFILE=OFF always (bit-identical batched logits), -DGGML_CUDA=on
 # when nvcc and an NVIDIA GPU are found, Metal automatically on macOS, and with
 # the patches in patches/ applied (the Q4_K repack gemv made to round like its
-# gemm, and Q6_K's vec_dot like the tiled matmul, so Q4_K_M models are
-# batch-invariant with llama.cpp's fast kernels; DESIGN §9; and the Q4_K gemv
-# and Q6_K vec_dot taking 2-7 rows in one pass over the weights, in long chunks,
-# which makes single tokens and short drafts cheaper). pip's wheel cache does not key on CMAKE_ARGS or patches, so the
-# built wheel is kept in a folder named after the version, the flags, the
-# patches' hash and the Python/platform, and installed from there.
+# gemm, and the K-quant vec_dot like the tiled matmul, so Q4_K_M models are
+# batch-invariant with llama.cpp's fast kernels; DESIGN §9; and cheaper
+# batches with the same bits: the Q4_K gemv taking up to 11 rows per pass, the
+# Q4_K gemm and gemv on VNNI, K-quant vec_dot taking 2-7 rows per pass in long
+# chunks, the tiled matmul's weight sums in one pass). pip's wheel cache does
+# not key on CMAKE_ARGS or patches, so the built wheel is kept in a folder
+# named after the version, the flags, the patches' hash and the
+# Python/platform, and installed from there.
 
 PYTHON      ?= python3
 VENV        ?= .venv

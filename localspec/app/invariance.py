@@ -28,10 +28,11 @@ PROBE_TEXT = (
 )
 PROBE_BATCH = 5
 # Verification batch sizes probed early in the context. CPU kernels switch with the number of rows:
-# repacked Q4_K goes to a gemv that localspec's patch runs on up to 4 rows at once (2, 3, 5 = 4 + 1)
-# below 8 rows and to a gemm in groups of 4 from 8 on (9, 17), Q6_K to a 1-4-row vec_dot below 8
-# rows and the tiled K-quant matmul from 8 on (9, 17 = the largest batch, K = 16 drafts plus one).
-PROBE_SIZES = (2, 3, 5, 9, 17)
+# repacked Q4_K goes to a gemv that localspec's patch runs on up to 4 rows at once below 12 rows
+# (2, 3, 5 = 4 + 1, 9 = 4 + 4 + 1) and to a gemm in groups of 4 from 12 on (13 = 12 + 1 on the
+# gemv, 17 = one block of 16 + 1), Q6_K to a 1-4-row vec_dot below 8 rows and the tiled K-quant
+# matmul from 8 on (9, 13, 17 = the largest batch, K = 16 drafts plus one).
+PROBE_SIZES = (2, 3, 5, 9, 13, 17)
 PAST = 300  # positions beyond 256: flash attention on CPU changes there (measured)
 
 
