@@ -35,9 +35,9 @@ model K / lookup K promises the most tokens per second.
 
 Verification cost is kept per batch size (medians of recent samples), with a
 line through them only for sizes not measured yet: on a CPU with repacked
-weights a batch of 8 rows costs *less* than one of 7 (llama.cpp's gemm takes
-rows in fours and sends the rest one by one to a gemv), so a straight line
-would pick the wrong sizes.
+weights a batch of 16 rows costs *less* than one of 12 or 15 (llama.cpp's
+gemm reads the weights once per 16 rows, but once per 4 rows below that),
+so a straight line would pick the wrong sizes.
 
 When drafting does not pay (best K = 0: a draft that costs more than half a
 target token, as on a CPU with a 1.5B target and a 0.5B draft), the reply
@@ -203,7 +203,7 @@ class AdaptiveK:
         line between them; beyond the largest, the cheaper of the fitted line and the largest size's
         cost per row. Lookup drafts are free, so the only way to learn what a longer batch costs is
         to try it once; a line through gemv-heavy sizes (5, 6, 7 rows) would keep it from ever trying
-        16 rows, which cost barely more than 12. Inside the measured range the neighbours say more:
+        16 rows, which cost no more than 12. Inside the measured range the neighbours say more:
         the best per-row cost measured (16 rows') applied to 3-15 rows made every size look as cheap
         per row, so a quote's drafts grew one size at a time, each tried once at a loss; and applied
         beyond a larger size measured dearer per row (29 rows), it had 30, 31 and 32 rows tried too."""
