@@ -9,7 +9,7 @@ target and one token on the draft (0.6 s for a 1.5B target on
 two cores) answer the question before the first step: whether the model can
 pay even at acceptance 1, and which verification batch sizes are cheap
 (llama.cpp's CPU kernels change with the number of rows: 16 rows can cost
-less than 15, and 8 a third more than 7).
+less than 12 or 15, and 8 a seventh more than 7).
 The measurements are starting points only; every step's own timings follow.
 """
 
@@ -42,8 +42,8 @@ def measure_costs(target: LanguageModel, draft: LanguageModel | None = None, row
 def _retime_spikes(target: LanguageModel, verify: dict[int, float]) -> dict[int, float]:
     """Time again, once, each batch that cost more per row than a smaller one, and keep the faster time.
 
-    Per row, a batch costs less or about the same the larger it is (measured here 25, 17, 17, 17, 17 and
-    11 ms per row for 1, 2, 3, 4, 8 and 16 rows), so a larger batch that cost more per row was likely
+    Per row, a batch costs less or about the same the larger it is (measured here 25, 17, 17, 16, 14 and
+    9 ms per row for 1, 2, 3, 4, 8 and 16 rows), so a larger batch that cost more per row was likely
     caught by another process; one that costs about the same is at worst timed twice. Adaptive
     drafting takes a size's samples at their word, and lookup uses 16 rows only if it believes them
     cheap: one spiked sample would keep it from them for the session.
