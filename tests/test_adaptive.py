@@ -240,6 +240,33 @@ def test_blocked_sampler_draws_the_exact_distribution(vocab: int) -> None:
     assert result.passed, str(result)
 
 
+@pytest.mark.parametrize("bug", [None, "offset within the slice"])
+def test_sliced_weights_draw_the_exact_distribution(bug: str | None, monkeypatch) -> None:
+    """The hot path's draw (slice sums, then one slice) against p, over the real pair's vocabulary; the
+    negative control misplaces the point inside the chosen slice and must be caught."""
+    from localspec.core import sampling
+
+    if bug:
+        index_at = sampling._index_at
+        monkeypatch.setattr(sampling, "_index_at", lambda w, x, cdf, block: index_at(w, x * 0.8, cdf, block))
+    rng = np.random.default_rng(31)
+    vocab = 151_936
+    logits = np.full(vocab, -1e4, dtype=np.float32)  # weight exp(-1e4 / T): zero in float64
+    hot = np.array([3, 32_767, 32_768, 32_770, 65_536, 70_001, 98_303, 120_000, 131_072, vocab - 1])
+    logits[hot] = rng.uniform(0.0, 2.0, size=hot.size).astype(np.float32)
+    params = SamplingParams(temperature=0.7)
+    row = weights(logits, params)
+    p = probabilities(logits, params)
+    draws = np.array([row.sample(rng) for _ in range(30_000)])
+    counts = np.array([(draws == t).sum() for t in hot])
+    result = chi_square(counts, p[hot])
+    if bug:
+        assert not result.passed, f"the test missed a planted sampler bug: {result}"
+        return
+    assert set(np.unique(draws)) <= set(hot.tolist())  # zero weight is never drawn
+    assert result.passed, str(result)
+
+
 def test_weights_give_bit_identical_probabilities() -> None:
     rng = np.random.default_rng(7)
     logits = (rng.standard_normal(49_152) * 3).astype(np.float32)
@@ -249,7 +276,7 @@ def test_weights_give_bit_identical_probabilities() -> None:
         dense = probabilities(logits, params, history)
         w = weights(logits, params, history)
         assert isinstance(w, Weights)
-        for token in (int(np.argmax(dense)), 5, 12345):
+        for token in (int(np.argmax(dense)), 5, 12345, 40_000):  # both slices of the hot path
             assert w.prob(token) == dense[token]  # exactly, not approximately
         assert np.array_equal(w.dense(), dense)
 

@@ -37,7 +37,7 @@ from localspec.core.events import (
 )
 from localspec.core.model import LanguageModel, Vocabulary, common_prefix_length, sync_cache
 from localspec.core.modes import Draft, Mode, make_mode
-from localspec.core.sampling import SamplingParams, probabilities
+from localspec.core.sampling import SamplingParams, Weights, weights
 from localspec.core.text import ReplyText
 from localspec.core.verify import Verdict
 
@@ -352,6 +352,7 @@ class SpeculativeDecoder:
         records = []
         start = len(context)
         display = None
+        judged = mode.judged_rows(target_logits) if not mode.params.greedy else None  # shown at the mode's own T
         for i in range(len(draft.tokens) + 1):
             check = verdict.checks[i] if i < len(verdict.checks) else None
             is_draft_row = i < len(draft.tokens)
@@ -380,23 +381,23 @@ class SpeculativeDecoder:
                 if display is None:
                     display = mode.params if not mode.params.greedy else _display_params(mode.params)
                 history = mode.history(context, draft.tokens, i)
-                p_row = probabilities(target_logits[i], display, history, self.vocab_size)
+                p_row = judged[i] if judged is not None else weights(target_logits[i], display, history, self.vocab_size)
                 record.top_p = self._top(p_row, top)
                 if is_draft_row:
-                    record.p = float(p_row[draft.tokens[i]]) if record.p is None else record.p
+                    record.p = p_row.prob(draft.tokens[i]) if record.p is None else record.p
                     if draft.logits is not None:
-                        q_row = probabilities(draft.logits[i], display, history, self.vocab_size)
+                        q_row = draft.q_rows[i] if draft.q_rows is not None else None  # what the draft was drawn from
+                        if judged is None or not isinstance(q_row, Weights):
+                            q_row = weights(draft.logits[i], display, history, self.vocab_size)
                         record.top_q = self._top(q_row, top)
                         if record.q is None:
-                            record.q = float(q_row[draft.tokens[i]])
+                            record.q = q_row.prob(draft.tokens[i])
             records.append(record)
         return records
 
-    def _top(self, row: np.ndarray, n: int) -> list[TopEntry]:
-        n = min(n, row.shape[0])
-        idx = np.argpartition(row, row.shape[0] - n)[row.shape[0] - n :]
-        idx = idx[np.argsort(-row[idx], kind="stable")]
-        return [TopEntry(int(t), self._piece(int(t)), float(row[t])) for t in idx]
+    def _top(self, row: Weights, n: int) -> list[TopEntry]:
+        tokens, probs = row.top(n)
+        return [TopEntry(int(t), self._piece(int(t)), float(p)) for t, p in zip(tokens, probs)]
 
     def _piece(self, token: int) -> str:
         vocab = self.vocab if token < self.target.vocab_size else (self.drafter.model if self.drafter else None)

@@ -69,6 +69,7 @@ class Mode:
         self.params = params
         self.rng = rng
         self.vocab_size = vocab_size
+        self._judged: tuple[np.ndarray, LazyRows] | None = None  # the latest target_probs, by its logits
 
     def pick_draft(self, logits: np.ndarray, history: Sequence[int], position: int) -> tuple[int, np.ndarray | None]:
         """Choose a draft token from draft logits; return it with the q it was sampled from."""
@@ -87,10 +88,19 @@ class Mode:
 
     def target_probs(self, target_logits: np.ndarray, context: Sequence[int], draft: Sequence[int]) -> LazyRows:
         """Target rows as :class:`~localspec.core.sampling.Weights`, each computed only if a rule looks at it."""
-        return LazyRows(
+        rows = LazyRows(
             target_logits.shape[0],
             lambda i: weights(target_logits[i], self.params, self.history(context, draft, i), self.vocab_size),
         )
+        self._judged = (target_logits, rows)
+        return rows
+
+    def judged_rows(self, target_logits: np.ndarray) -> LazyRows | None:
+        """The rows the latest verification of ``target_logits`` judged by (None: it used none), so the
+        step's records show those very numbers without transforming the vocabulary again."""
+        if self._judged is not None and self._judged[0] is target_logits:
+            return self._judged[1]
+        return None
 
 
 class RejectionMode(Mode):
