@@ -437,6 +437,27 @@ def test_measured_costs_decide_the_first_step(verify, draft_token_s: float, draf
     assert AdaptiveK(0, 8).choose().k == 8  # control: without costs it can only guess
 
 
+@pytest.mark.parametrize("scaled", [True, False])
+def test_costs_timed_in_a_slow_stretch_follow_the_live_one_row_cost(scaled: bool, monkeypatch) -> None:
+    """Costs timed before the first step while the target ran 40 % slow (a process's first decodes; the
+    demo target: 12.5 ms a row, then 9): once one-row steps run at full speed, the timings of the batch
+    sizes no step used scale with them, and a draft that pays at full speed is used. Control: unscaled,
+    verification looks 40 % dearer than it is against the live one-row cost, and the model never drafts."""
+    if not scaled:
+        monkeypatch.setattr(AdaptiveK, "_drift", lambda self: 1.0)
+
+    def verify(rows: int) -> float:
+        return 0.009 + 0.0012 * (rows - 1)
+
+    controller = AdaptiveK(0, 8)
+    controller.seed(Costs({n: 1.4 * verify(n) for n in (1, 2, 3, 4, 8, 16)}, 0.003))
+    for _ in range(12):
+        controller.observe(0, 0, 0, 0.0, verify(1), 5e-4)  # one-row steps, at full speed
+    drafting = sum(controller.choose(None).k > 0 for _ in range(8))
+    assert drafting >= 6 if scaled else drafting <= 1, drafting
+    assert controller.verify_seconds(2) == pytest.approx(verify(2) * (1.0 if scaled else 1.4))
+
+
 def test_the_loop_measures_costs_once_and_starts_every_controller_from_them() -> None:
     target = ClockedLM(V, seed=11, cost=cpu_verify)
     draft = ClockedLM(V, seed=23, base=target, noise=0.5, cost=lambda rows: 0.015 * rows)

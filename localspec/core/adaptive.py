@@ -116,6 +116,7 @@ class AdaptiveK:
     _catch_up: deque = field(default_factory=lambda: deque(maxlen=8))  # recent catch-up seconds per backlog token
     _other: deque = field(default_factory=lambda: deque(maxlen=16))  # recent other seconds per row
     _verify: dict[int, deque] = field(default_factory=dict)  # batch rows -> recent (step, seconds)
+    _seeded: dict[int, tuple[int, float]] = field(default_factory=dict)  # rows -> (step, seconds) timed before step 1
     # match bin -> [agreed, compared]: how often the target wrote what lookup offered, decayed per comparison
     _lookup: dict[int, list[float]] = field(default_factory=dict)
     _cache: dict = field(default_factory=dict)  # estimates derived from the samples (see _memo)
@@ -142,9 +143,10 @@ class AdaptiveK:
 
     def seed(self, costs: Costs) -> None:
         """Start from costs measured before the first step (see :mod:`localspec.core.calibrate`): each
-        counts as one sample of its batch size, so the steps' own timings soon outvote it."""
+        counts as one sample of its batch size, so the steps' own timings soon outvote it, and moves
+        with the one-row cost the steps measure (``_drift``)."""
         for rows, seconds in costs.verify_s.items():
-            self._verify.setdefault(rows, deque(maxlen=8)).append((self._observed, seconds))
+            self._seeded[rows] = (self._observed, seconds)
         if costs.draft_token_s is not None:
             self._draft.append(costs.draft_token_s)
         self._dirty = True
@@ -161,10 +163,34 @@ class AdaptiveK:
         the median of its recent measurements, else the fitted line. A size's own samples never age
         out by the clock: a long stretch of one-row steps (nothing pays) says nothing new about what
         8 rows cost, and forgetting it would hand the choice back to the line."""
-        samples = self._verify.get(rows)
+        samples = self._samples(rows)
         if samples:
             return self._memo(("median", rows), lambda: statistics.median(t for _, t in samples))
         return self._fitted_verify_seconds(rows)
+
+    def _samples(self, rows: int) -> list[tuple[int, float]]:
+        """A batch size's (step, seconds) samples: its steps' own, after its pre-step timing scaled by
+        ``_drift``."""
+        samples = list(self._verify.get(rows, ()))
+        if rows in self._seeded:
+            step, seconds = self._seeded[rows]
+            samples.insert(0, (step, seconds * self._memo("drift", self._drift)))
+        return samples
+
+    def _drift(self) -> float:
+        """How much the one-row cost has moved since the costs were timed before the first step (its
+        steps' median over that timing). The pre-step timings of sizes the steps do not use scale with
+        it: a process's first decodes can run slower than its later ones (the demo target timed 12.5 ms
+        a row before the first step and decoded at 9 ms), and 2-16-row batches timed in that slow
+        stretch, never re-timed while the model does not draft, kept it from ever drafting."""
+        live, seeded = self._verify.get(1), self._seeded.get(1)
+        if not live or seeded is None or seeded[1] <= 0:
+            return 1.0
+        return statistics.median(t for _, t in live) / seeded[1]
+
+    def _sizes(self) -> set[int]:
+        """The batch sizes with a timing (the steps' own or from before the first step)."""
+        return set(self._verify) | set(self._seeded)
 
     def _memo(self, key, compute):
         """Estimates are derived from the samples at most once between two observations: a lookup
@@ -174,7 +200,7 @@ class AdaptiveK:
         return self._cache[key]
 
     def _fitted_verify_seconds(self, rows: int) -> float | None:
-        if not self._verify:
+        if not self._sizes():
             return None
         mn, mt, slope = self._memo("line", self._fit_line)
         return max(mt + slope * (rows - mn), 1e-6)
@@ -186,7 +212,7 @@ class AdaptiveK:
         points = [
             (n, statistics.median(t for _, t in samples),
              len(samples) * 0.5 ** ((self._observed - samples[-1][0]) / self.stale_steps))
-            for n, samples in self._verify.items()
+            for n, samples in ((n, self._samples(n)) for n in self._sizes())
         ]  # fmt: skip
         if len(points) == 1:
             n0, t0, _ = points[0]
@@ -208,10 +234,11 @@ class AdaptiveK:
         per row, so a quote's drafts grew one size at a time, each tried once at a loss; and applied
         beyond a larger size measured dearer per row (29 rows), it had 30, 31 and 32 rows tried too."""
         fitted = self.verify_seconds(rows)
-        if rows in self._verify or fitted is None:
+        sizes = self._sizes()
+        if rows in sizes or fitted is None:
             return fitted
-        below = max((n for n in self._verify if n < rows), default=None)
-        above = min((n for n in self._verify if n > rows), default=None)
+        below = max((n for n in sizes if n < rows), default=None)
+        above = min((n for n in sizes if n > rows), default=None)
         if above is None:
             return min(fitted, self.verify_seconds(below) * rows / below)
         if below is None:
@@ -326,7 +353,7 @@ class AdaptiveK:
         # the cost model is re-solved when a step brought news about drafting, and every few steps
         # otherwise (K = 0 steps only refine the one-row cost): solving it each step costs ~2% of a token
         fresh = self._dirty or self._steps % max(1, self.explore_every) == 0
-        if self._verify and self._draft and fresh:
+        if self._sizes() and self._draft and fresh:
             self._best = max(range(self.k_min, self.k_max + 1), key=lambda k: (self.rate(k) or 0.0, -k))
             self._dirty = False
         best = self._best if self._best is not None else self.k_max
