@@ -147,7 +147,7 @@ class InvariantMode(Mode):
         self.seed = seed
         self.request_key = request_key
         # without filters the log-weights are just logits / T: no full-vocabulary pass before the pick
-        self._plain = not params.top_k and params.top_p >= 1.0 and params.min_p <= 0.0
+        self._plain = not params.truncates
 
     def _coupled_pick(self, logits: np.ndarray, history: Sequence[int], position: int) -> int:
         if self.params.greedy:
