@@ -190,7 +190,7 @@ class AdaptiveK:
 
     def _sizes(self) -> set[int]:
         """The batch sizes with a timing (the steps' own or from before the first step)."""
-        return set(self._verify) | set(self._seeded)
+        return self._memo("sizes", lambda: set(self._verify) | set(self._seeded))
 
     def _memo(self, key, compute):
         """Estimates are derived from the samples at most once between two observations: a lookup

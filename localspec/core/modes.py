@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from localspec.core.noise import gumbel_max_sample, stream_key
-from localspec.core.sampling import SamplingParams, greedy_token, log_weights, weights
+from localspec.core.sampling import SamplingParams, greedy_token, is_plain_softmax, log_weights, weights
 from localspec.core.verify import (
     Verdict,
     verify_onehot,
@@ -146,18 +146,14 @@ class InvariantMode(Mode):
         super().__init__(params, rng, vocab_size)
         self.seed = seed
         self.request_key = request_key
-        # without filters the log-weights are just logits / T: no full-vocabulary pass before the pick
-        self._plain = not params.truncates
 
     def _coupled_pick(self, logits: np.ndarray, history: Sequence[int], position: int) -> int:
         if self.params.greedy:
             return greedy_token(logits, self.params, history, self.vocab_size)
         key = stream_key(self.seed, self.request_key, position)
         raw = np.asarray(logits)
-        scale = 1.0 / self.params.temperature
-        plain = self._plain and not (self.params.has_penalties and len(history)) and np.isfinite(scale)
-        if plain and raw.ndim == 1 and raw.shape[0] == self.vocab_size:
-            return gumbel_max_sample(raw, scale, key)
+        if is_plain_softmax(raw, self.params, history, self.vocab_size):  # no full-vocabulary pass first
+            return gumbel_max_sample(raw, 1.0 / self.params.temperature, key)
         return gumbel_max_sample(log_weights(logits, self.params, history, self.vocab_size), 1.0, key)
 
     def pick_draft(self, logits, history, position):

@@ -148,6 +148,12 @@ def _plain(raw: np.ndarray, params: SamplingParams, history: Sequence[int], size
     return raw.ndim == 1 and raw.shape[0] == size and not (params.has_penalties and len(history))
 
 
+def is_plain_softmax(raw: np.ndarray, params: SamplingParams, history: Sequence[int], size: int) -> bool:
+    """Whether the distribution is ``softmax(raw / T)`` itself (no penalty, no filter, a finite 1/T): the
+    hot paths then work on the raw logits, with no full-vocabulary transform first."""
+    return _plain(raw, params, history, size) and not params.truncates and bool(np.isfinite(1.0 / params.temperature))
+
+
 def _check_best(best: float) -> None:
     if best != best:
         raise SamplingError("logits contain NaN; the model produced an invalid output row")
@@ -398,11 +404,10 @@ def weights(
         out[greedy_token(logits, params, history, size)] = 1.0
         return Weights(out)
     raw = np.asarray(logits)
-    scale = 1.0 / params.temperature
-    if _plain(raw, params, history, size) and not params.truncates and np.isfinite(scale):
+    if is_plain_softmax(raw, params, history, size):
         best = raw.max()  # NaN propagates through max: one pass checks both
         _check_best(best)
-        return Weights.of_logits(raw, best, scale)
+        return Weights.of_logits(raw, best, 1.0 / params.temperature)
     row = log_weights(logits, params, history, size)
     np.exp(row, out=row)
     return Weights(row)
