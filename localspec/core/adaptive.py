@@ -107,6 +107,7 @@ class AdaptiveK:
     stale_steps: float = 64.0  # a batch size not measured for this many steps counts half in the fit
     max_probe_gap: int = 64  # at K = 0: the longest wait between one-draft probes
     hopeless_factor: int = 4  # ... times this between re-timings where the costs alone rule drafting out
+    retime_alone: int = 32  # while the model drafts: a one-row step when the last one is this many steps old
     horizon_tokens: int = 64  # the draft's catch-up must pay for itself within this many tokens
     probe_budget: float = 0.03  # a probe's catch-up may cost this share of the reply's steps without the model
     reply_carry: float = 0.25  # the weight lookup's evidence keeps into a new reply (see new_reply)
@@ -372,9 +373,23 @@ class AdaptiveK:
                 k = best - 1
         if best > 0:
             self._probe_gap = 0  # drafting pays: the next stop starts probing often again
-            if self.k_min == 0 and not self._worth_catching_up(best, backlog):
+            if self.k_min == 0 and (not self._worth_catching_up(best, backlog) or self._alone_stale()):
                 return 0
         return k
+
+    def _alone_stale(self) -> bool:
+        """Whether the target alone (one row, what every K is judged against) needs timing again. While
+        the model drafts no step has one row, so its cost would stay what it was when drafting began: on
+        the weak demo pair a pre-step timing 45 % slow (14.5 ms a row, the target ran at 10) kept a
+        0.6-acceptance draft drafting for two replies at 0.92x, where one timed row stops it. A one-row
+        step every ``retime_alone`` steps costs a drafting reply under 1 %; without any step's own
+        timing (only the one taken before the first step), it comes after ``explore_every`` steps."""
+        if not self.retime_alone:
+            return False
+        live = self._verify.get(1)
+        if not live:
+            return self._observed >= self.explore_every
+        return self._observed - live[-1][0] >= self.retime_alone
 
     def _worth_catching_up(self, k: int, backlog: int) -> bool:
         """Whether drafting ``k`` saves, over the next ``horizon_tokens`` tokens, more than the draft's

@@ -40,17 +40,22 @@ def measure_costs(target: LanguageModel, draft: LanguageModel | None = None, row
 
 
 def _retime_spikes(target: LanguageModel, verify: dict[int, float]) -> dict[int, float]:
-    """Time again, once, each batch that cost more per row than a smaller one, and keep the faster time.
+    """Time again, once, each batch that cost more per row than a smaller one, or more in all than a
+    larger one, and keep the faster time.
 
     Per row, a batch costs less or about the same the larger it is (measured here 25, 17, 17, 16, 14 and
-    9 ms per row for 1, 2, 3, 4, 8 and 16 rows), so a larger batch that cost more per row was likely
-    caught by another process; one that costs about the same is at worst timed twice. Adaptive
-    drafting takes a size's samples at their word, and lookup uses 16 rows only if it believes them
-    cheap: one spiked sample would keep it from them for the session.
+    9 ms per row for 1, 2, 3, 4, 8 and 16 rows), and in all never less than a smaller one, so a batch
+    that broke either rule was likely caught by another process (or by the process's own slow first
+    decodes: the weak demo target timed 16.6 ms for one row, 15.2 for two, then decoded at 10). One
+    that costs about the same is at worst timed twice. Adaptive drafting takes a size's samples at
+    their word, and lookup uses 16 rows only if it believes them cheap: one spiked sample would keep
+    it from them for the session.
     """
     retimed = dict(verify)
     for n in sorted(verify):
-        if any(verify[m] / m < verify[n] / n for m in verify if m < n):
+        dearer_per_row = any(verify[m] / m < verify[n] / n for m in verify if m < n)
+        dearer_in_all = any(verify[m] < verify[n] for m in verify if m > n)
+        if dearer_per_row or dearer_in_all:
             retimed[n] = min(verify[n], _batch_seconds(target, n))
     return retimed
 
