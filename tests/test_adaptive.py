@@ -488,15 +488,15 @@ def test_a_stale_one_row_cost_is_timed_again_while_the_model_drafts(retime: bool
         assert min(last) > 0, last
 
 
-@pytest.mark.parametrize("alpha", [0.9])
-def test_retiming_the_target_alone_costs_a_paying_draft_little(alpha: float) -> None:
-    """Where drafting pays (acceptance 0.9), the one-row re-timings cost a step in 32 and change nothing
-    else: the reply keeps drafting, at >= 97 % of the throughput it has without them."""
+def test_retiming_the_target_alone_costs_a_paying_draft_little() -> None:
+    """Where drafting pays (acceptance 0.85, K = 2, whose neighbours never have one row), the one-row
+    re-timings take a step in 32 and change nothing else: the reply keeps drafting, at >= 99 % of the
+    throughput it has without them (measured: 124.2 against 124.6 tokens/s)."""
 
     def verify(rows: int) -> float:
-        return 0.010 + 0.0015 * (rows - 1)
+        return 0.010 + 0.003 * (rows - 1)
 
-    t_draft = 0.002
+    alpha, t_draft = 0.85, 0.002
     rates, zeros = {}, {}
     for retime in (32, 0):
         controller = AdaptiveK(0, 8, retime_alone=retime)
@@ -507,8 +507,8 @@ def test_retiming_the_target_alone_costs_a_paying_draft_little(alpha: float) -> 
         rates[retime] = sum(expected_tokens_per_step(alpha, k) for k in ks) / sum(
             expected_tokens_per_step(alpha, k) / rate(k) for k in ks)
         zeros[retime] = sum(k == 0 for k in ks)
-    assert zeros[32] <= zeros[0] + 256 // 32 + 1, zeros  # a one-row step in 32 (exploration has its own)
-    assert rates[32] >= 0.97 * rates[0], rates
+    assert zeros[0] < zeros[32] <= zeros[0] + 256 // 32 + 1, zeros  # a one-row step in 32, no more
+    assert rates[32] >= 0.99 * rates[0], rates
 
 
 def test_the_loop_measures_costs_once_and_starts_every_controller_from_them() -> None:
