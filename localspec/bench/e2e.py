@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
+from localspec.app.config import SpeculativeConfig
 from localspec.app.engine import reference_generator
 from localspec.app.invariance import llama_build
 from localspec.bench.llamacpp import server_configs, start_servers
@@ -90,8 +91,9 @@ class BenchSettings:
     repeats: int = 3
     max_tokens: int = 128
     draft_tokens: int = 4  # K of the fixed-K variants
-    max_draft_tokens: int = 8  # upper bound of the adaptive variant
-    min_draft_tokens: int = 1
+    # the adaptive variants' range: config's (one declaration; a script's default used to be 1, not 0)
+    max_draft_tokens: int = SpeculativeConfig().draft_tokens
+    min_draft_tokens: int = SpeculativeConfig().min_draft_tokens
     temperature: float | None = None  # overrides the T of the sampling variants
     reference: bool = False
     llama_cpp: str | None = None  # bin folder of llama.cpp's own llama-server: time it too
