@@ -80,6 +80,7 @@ REFERENCE_VARIANTS = {
     REFERENCE_TARGET: Variant(REFERENCE_TARGET, "llama-cpp-python, target only (T=0)", "target-only", 0.0, "reference"),
     REFERENCE_LOOKUP: Variant(REFERENCE_LOOKUP, "llama-cpp-python prompt lookup (T=0)", "greedy", 0.0, "reference"),
 }
+_SPECULATIVE_DEFAULTS = SpeculativeConfig()  # the adaptive variants' K range, as config declares it
 
 
 @dataclass
@@ -92,8 +93,8 @@ class BenchSettings:
     max_tokens: int = 128
     draft_tokens: int = 4  # K of the fixed-K variants
     # the adaptive variants' range: config's (one declaration; a script's default used to be 1, not 0)
-    max_draft_tokens: int = SpeculativeConfig().draft_tokens
-    min_draft_tokens: int = SpeculativeConfig().min_draft_tokens
+    max_draft_tokens: int = _SPECULATIVE_DEFAULTS.draft_tokens
+    min_draft_tokens: int = _SPECULATIVE_DEFAULTS.min_draft_tokens
     temperature: float | None = None  # overrides the T of the sampling variants
     reference: bool = False
     llama_cpp: str | None = None  # bin folder of llama.cpp's own llama-server: time it too

@@ -118,14 +118,12 @@ def log_weights(
     raw = np.asarray(logits)
     if _plain(raw, params, history, size):
         # hot path: max on the input, then one fused convert-and-subtract pass into float64
-        best = raw.max()  # NaN propagates through max: one pass checks both
-        _check_best(best)
+        best = _checked_max(raw)
         row = np.subtract(raw, np.float64(best), dtype=np.float64)
     else:
         row = pad_logits(logits, size)
         apply_penalties(row, history, params)
-        best = row.max()
-        _check_best(best)
+        best = _checked_max(row)
         row -= best  # top logit is 0: exp never overflows, even at tiny temperatures
     scale = 1.0 / params.temperature
     if np.isfinite(scale):
@@ -154,11 +152,15 @@ def is_plain_softmax(raw: np.ndarray, params: SamplingParams, history: Sequence[
     return _plain(raw, params, history, size) and not params.truncates and bool(np.isfinite(1.0 / params.temperature))
 
 
-def _check_best(best: float) -> None:
+def _checked_max(row: np.ndarray) -> float:
+    """The row's largest logit, refusing a row with NaN (max propagates it, so one pass checks both) or
+    with nothing but -inf."""
+    best = row.max()
     if best != best:
         raise SamplingError("logits contain NaN; the model produced an invalid output row")
     if best == -np.inf:
         raise SamplingError("every token has -inf logit; nothing can be sampled")
+    return best
 
 
 def _truncate_top_p(row: np.ndarray, top_p: float) -> None:
@@ -405,9 +407,7 @@ def weights(
         return Weights(out)
     raw = np.asarray(logits)
     if is_plain_softmax(raw, params, history, size):
-        best = raw.max()  # NaN propagates through max: one pass checks both
-        _check_best(best)
-        return Weights.of_logits(raw, best, 1.0 / params.temperature)
+        return Weights.of_logits(raw, _checked_max(raw), 1.0 / params.temperature)
     row = log_weights(logits, params, history, size)
     np.exp(row, out=row)
     return Weights(row)
