@@ -126,7 +126,7 @@ def test_draft_rollback_leaves_no_stale_entries(engines, demo_paths) -> None:
     draft = engine.drafter.model
     assert list(draft.cached_tokens) == committed
     assert draft.kv_positions() == (0, len(committed) - 1)
-    fresh = LlamaModel(demo_paths[2], engine.settings)
+    fresh = LlamaModel(demo_paths[2], engine.settings, role="draft")  # the same weight placement, so the same kernels
     try:
         reference = fresh.extend(committed, 1)[0]
     finally:
@@ -196,9 +196,9 @@ def test_utf8_characters_spanning_tokens_are_never_broken(engines) -> None:
         assert "\ufffd" not in reply.text, cut
 
 
-def test_weight_placement_keeps_amx_tiles_out_of_every_batch(engines, monkeypatch) -> None:
-    """On an AMX build the draft keeps the fast AMX buffer but never decodes two rows at once (tiles
-    SIGILL on VMs like this one); the target, which needs batches, never gets the AMX buffer."""
+def test_weight_placement_keeps_amx_tiles_out_of_every_batch(engines, demo_paths, monkeypatch) -> None:
+    """On an AMX build a draft AMX can hold keeps the fast AMX buffer but never decodes two rows at once
+    (tiles SIGILL on VMs like this one); the target, which needs batches, never gets the AMX buffer."""
     from localspec.llama import placement
 
     engine = engines["q4_1"]
@@ -217,17 +217,46 @@ def test_weight_placement_keeps_amx_tiles_out_of_every_batch(engines, monkeypatc
         draft.truncate(base)
         assert np.array_equal(rows, np.concatenate([first, second]))
 
+    q4_1 = demo_paths[1]
     for value, extra, one_row in (("1", True, False), ("0", False, False)):
         monkeypatch.setenv("LOCALSPEC_EXTRA_BUFFERS", value)
-        chosen = placement.weight_placement("draft")
-        assert (chosen.extra_buffers, chosen.one_row_per_decode) == (extra, one_row)
+        chosen = placement.weight_placement("draft", q4_1)
+        assert (chosen.extra_buffers, chosen.one_row_per_decode, chosen.repack_only) == (extra, one_row, False)
     monkeypatch.delenv("LOCALSPEC_EXTRA_BUFFERS")
     monkeypatch.setattr(placement, "system_info", lambda: "CPU : AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1")
-    draft_placement = placement.weight_placement("draft")
+    draft_placement = placement.weight_placement("draft", q4_1)
     assert draft_placement == placement.WeightPlacement(True, True, draft_placement.reason)
-    assert not placement.weight_placement("target").extra_buffers
+    target_placement = placement.weight_placement("target", q4_1)
+    assert not target_placement.extra_buffers and target_placement.repack_only
     monkeypatch.setattr(placement, "system_info", lambda: "CPU : AVX2 = 1 | REPACK = 1")
-    assert placement.weight_placement("target").extra_buffers and not placement.weight_placement("draft").one_row_per_decode
+    assert placement.weight_placement("target", q4_1).extra_buffers and not placement.weight_placement("draft", q4_1).one_row_per_decode
+
+
+def test_amx_builds_repack_what_they_can_and_keep_a_mostly_q5_0_draft_out_of_amx(demo_paths, monkeypatch) -> None:
+    """Without the AMX buffer a model's Q4_0/Q4_K matrices still go to llama.cpp's repacked buffer (an
+    override per tensor: any other type there aborts the load), and a draft AMX cannot mostly hold is
+    batched rather than fed one row at a time (the real pair's 0.5B: 55 % Q5_0)."""
+    from localspec.llama import placement
+
+    monkeypatch.setattr(placement, "system_info", lambda: "CPU : AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1")
+    f32, _, q4_0 = demo_paths
+    overrides = placement.repack_overrides(q4_0)
+    table = {name: kind for name, kind, _, _ in placement._tensor_table(str(q4_0))}
+    named = [entry.pattern.decode()[1:-1].replace("\\", "") for entry in overrides[:-1]]
+    assert overrides[len(overrides) - 1].pattern is None  # NULL-terminated, as llama.cpp reads it
+    assert named and all(table[name] == "Q4_0" and name != "token_embd.weight" for name in named)
+    assert {name for name, kind in table.items() if kind == "Q4_0" and name.startswith("blk.")} == set(named)
+    assert placement.repack_overrides(f32) is None  # nothing to repack: no override list
+
+    monkeypatch.setattr(placement, "_tensor_table", lambda path: (
+        ("token_embd.weight", "Q8_0", (896, 151936), 145_000_000),
+        ("blk.0.ffn_up.weight", "Q5_0", (896, 4864), 3_000_000),
+        ("blk.0.attn_q.weight", "Q4_K", (896, 896), 450_000),
+        ("blk.0.ffn_down.weight", "Q6_K", (4864, 896), 3_500_000),
+    ))  # fmt: skip
+    assert 0.5 < placement.amx_share("x.gguf") < placement.AMX_DRAFT_SHARE
+    chosen = placement.weight_placement("draft", "x.gguf")
+    assert chosen.repack_only and not chosen.extra_buffers and not chosen.one_row_per_decode
 
 
 def test_every_load_and_decode_runs_on_one_thread_whoever_calls(demo_paths, monkeypatch) -> None:

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from localspec.core.errors import IncompatiblePairError, ModelError, PromptTooLongError
-from localspec.llama.placement import WeightPlacement, weight_placement
+from localspec.llama.placement import WeightPlacement, repack_overrides, weight_placement
 from localspec.llama.runtime import C, compute, log
 
 GGUF_MAGIC = b"GGUF"
@@ -95,7 +95,7 @@ class LlamaModel:
         self._lock = threading.RLock()
         check_gguf_file(self.path, role)
 
-        self.placement = self._placement(settings, role)
+        self.placement = self._placement(settings, role, self.path)
         self._model = self._load_weights(on_progress)
         self._ctx = self._create_context()
         self._memory = C.llama_get_memory(self._ctx)
@@ -111,9 +111,9 @@ class LlamaModel:
 
     # -- lifecycle ---------------------------------------------------------
     @staticmethod
-    def _placement(settings: LlamaSettings, role: str) -> WeightPlacement:
+    def _placement(settings: LlamaSettings, role: str, path: Path) -> WeightPlacement:
         if settings.extra_buffers is None:
-            return weight_placement(role)
+            return weight_placement(role, path)
         state = "on" if settings.extra_buffers else "off"
         return WeightPlacement(settings.extra_buffers, False, f"extra buffers {state} (chosen for batch invariance)")
 
@@ -124,6 +124,10 @@ class LlamaModel:
         mparams.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999_999
         mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP if settings.use_mmap else C.LLAMA_LOAD_MODE_NONE
         mparams.use_extra_bufts = self.placement.extra_buffers
+        if self.placement.repack_only:
+            self._overrides = repack_overrides(self.path)  # kept: llama.cpp reads it during the load
+            if self._overrides is not None:
+                mparams.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
         if on_progress is not None:
 
             def _progress(value: float, _user: ctypes.c_void_p) -> bool:

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
-from localspec.llama.runtime import system_info
+from localspec.llama.runtime import cpu_extra_buffer_types, system_info
+
+REPACK = "CPU_REPACK"
+# The x86 repack kernels (ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type) take these types
+# in blocks of 8 weight rows; a tensor of any other type placed in the repack buffer aborts the load.
+REPACKED_TYPES = ("Q4_0", "Q4_K")
+# Only matrices that are multiplied: the token embeddings are looked up by row (GET_ROWS), which the
+# repack buffer cannot do.
+MATMUL_WEIGHT = re.compile(r"^(blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down))|output)\.weight$")
 
 
 @dataclass(frozen=True)
@@ -13,15 +25,18 @@ class WeightPlacement:
     """Whether a model may use llama.cpp's extra CPU buffer types, and whether each token needs its own decode.
 
     ``one_row_per_decode`` is only acted on where the AMX buffer really holds
-    weights (see :func:`weight_placement`); ``reason`` is what the doctor shows.
+    weights (see :func:`weight_placement`); ``repack_only`` puts the matrices
+    llama.cpp can repack in its repacked buffer while ``extra_buffers`` is off
+    (so no AMX); ``reason`` is what the doctor shows.
     """
 
     extra_buffers: bool
     one_row_per_decode: bool
     reason: str
+    repack_only: bool = False
 
 
-def weight_placement(role: str) -> WeightPlacement:
+def weight_placement(role: str, path: Path | str) -> WeightPlacement:
     """Where ``role``'s weights go: AMX/repacked extra buffers or plain CPU memory.
 
     A build compiled with AMX (``-march=native`` on a Sapphire-Rapids-class
@@ -29,14 +44,21 @@ def weight_placement(role: str) -> WeightPlacement:
     Batches of two or more rows then run AMX tile instructions, which die with
     SIGILL (``tileloadd``) on VMs that advertise AMX but do not enable its tile
     state (measured here: Firecracker guests). Batches of one row take a
-    separate AVX512-VNNI path with no tiles, measured 1.5-1.8x faster than the
-    plain Q4_1 kernel on this machine (13.7 -> 7.6-9.4 ms per token on 2
-    threads). Hence, on AMX builds:
+    separate AVX512-VNNI path with no tiles. So on AMX builds a model either
+    keeps the AMX buffer and is fed **one row per decode**, or loads without it
+    — with its Q4_0/Q4_K matrices still in llama.cpp's repacked buffer (what
+    non-AMX builds use), whose kernels need no tiles:
 
-    * the **draft** keeps the AMX buffer and is fed one row per decode — it
-      decodes one token at a time anyway; only its prompt is slower (~1.4x);
-    * the **target** loads without extra buffers, because its speed comes
-      from verifying K+1 rows in one batch.
+    * the **target** never takes the AMX buffer: its speed comes from verifying
+      K+1 rows in one batch. Repacked, the real pair's target decodes a token
+      in 65 ms instead of 95 in plain memory and 2 rows in 59 ms instead of 106
+      (Sapphire Rapids VM, two cores).
+    * the **draft** takes it only where AMX would hold nearly all its weights
+      (``AMX_DRAFT_SHARE``): SmolLM2 Q4_1 / Q4_0 then decode a token in
+      7.2 / 7.6 ms instead of 9.6 / 9.4 (two rows: 14.1 / 14.0 instead of
+      12.6 / 11.6, prompts 1.3-1.8x slower). Qwen2.5-0.5B Q4_K_M is 55 % Q5_0,
+      which AMX does not take: one row 24.5 ms against 26.6, but a two-row
+      catch-up 45.7 against 32.9 and a 300-token prompt 5.0 s against 1.7.
 
     ``LOCALSPEC_EXTRA_BUFFERS=1`` says AMX tiles work here (normal batches,
     extra buffers for both); ``=0`` turns extra buffers off for both.
@@ -48,6 +70,68 @@ def weight_placement(role: str) -> WeightPlacement:
         return WeightPlacement(False, False, "extra buffers off (LOCALSPEC_EXTRA_BUFFERS=0)")
     if "AMX_INT8 = 1" not in system_info():
         return WeightPlacement(True, False, "extra buffers on (no AMX in this build)")
-    if role == "draft":
-        return WeightPlacement(True, True, "AMX build: AMX buffer, one row per decode (no tile instructions)")
-    return WeightPlacement(False, False, "AMX build: plain CPU buffers, so verification batches never run AMX tiles")
+    share = amx_share(path)
+    if role == "draft" and share >= AMX_DRAFT_SHARE:
+        return WeightPlacement(True, True, f"AMX build: AMX buffer ({share:.0%} of the weights), one row per decode (no tile instructions)")
+    return WeightPlacement(
+        False, False, f"AMX build: no AMX buffer ({share:.0%} of the weights would go there; batches would run "
+        "AMX tiles), Q4_0/Q4_K matrices repacked", repack_only=True,
+    )
+
+
+AMX_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")  # ggml-cpu/amx/common.h, qtype_has_amx_kernels
+AMX_DRAFT_SHARE = 0.9  # share of a draft's matrix bytes AMX must hold before one-row decodes pay (measured above)
+
+
+@functools.cache
+def _tensor_table(path: str) -> tuple[tuple[str, str, tuple[int, ...], int], ...]:
+    """(name, type, shape in ggml order, bytes) of every tensor in the GGUF, read without loading the weights."""
+    from gguf import GGUFReader  # llama.cpp's own GGUF reader
+
+    try:
+        return tuple(
+            (tensor.name, tensor.tensor_type.name, tuple(int(n) for n in tensor.shape), int(tensor.n_bytes))
+            for tensor in GGUFReader(path).tensors
+        )
+    except Exception:  # noqa: BLE001 - a file gguf cannot read: llama.cpp's load says why, in its own words
+        return ()
+
+
+def amx_share(path: Path | str) -> float:
+    """The share of the model's multiplied matrices (by bytes) in types llama.cpp's AMX buffer takes."""
+    matrices = [(kind, size) for name, kind, _, size in _tensor_table(str(path)) if MATMUL_WEIGHT.match(name)]
+    total = sum(size for _, size in matrices)
+    return sum(size for kind, size in matrices if kind in AMX_TYPES) / total if total else 0.0
+
+
+class TensorOverride(ctypes.Structure):
+    """llama.cpp's ``llama_model_tensor_buft_override``: tensors whose name matches go to ``buft``."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def repack_overrides(path: Path | str) -> ctypes.Array | None:
+    """A NULL-terminated override list sending ``path``'s repackable matrices to ``CPU_REPACK``; None if none.
+
+    llama.cpp offers its extra buffer types all or none (``use_extra_bufts``),
+    and on AMX builds "all" means AMX first. An override names the buffer per
+    tensor, and llama.cpp then skips its own check that the buffer can hold
+    the tensor, so the list names only matrices of a type and shape the x86
+    repack takes (read from the GGUF's tensor table). The caller keeps the
+    array alive while the model loads.
+    """
+    buft = cpu_extra_buffer_types().get(REPACK)
+    if buft is None:
+        return None
+    names = [
+        name
+        for name, kind, shape, _ in _tensor_table(str(path))
+        if kind in REPACKED_TYPES and MATMUL_WEIGHT.match(name) and len(shape) == 2 and shape[1] % 8 == 0
+    ]  # shape in ggml order: shape[1] is the number of weight rows
+    if not names:
+        return None
+    overrides = (TensorOverride * (len(names) + 1))()
+    for entry, name in zip(overrides, names):
+        entry.pattern = f"^{re.escape(name)}$".encode()
+        entry.buft = buft
+    return overrides

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import functools
+import itertools
 import json
 import os
 import sys
@@ -169,3 +170,34 @@ def llama_cpp_version() -> str:
 
 def gpu_offload_supported() -> bool:
     return bool(C.llama_supports_gpu_offload())
+
+
+@functools.cache
+def cpu_extra_buffer_types() -> dict[str, int]:
+    """llama.cpp's extra CPU buffer types in this build, by name (``{"AMX": ptr, "CPU_REPACK": ptr}``).
+
+    llama-cpp-python binds none of ggml's backend-registry functions, so they
+    are looked up in the ggml library it loaded; an override of a tensor's
+    buffer type (``llama_model_params.tensor_buft_overrides``) needs the pointer.
+    """
+    start()
+    from llama_cpp._ggml import libggml  # the library llama_cpp itself loaded, with libggml-base under it
+
+    voidp = ctypes.c_void_p
+    for name, restype, argtypes in (
+        ("ggml_backend_dev_by_type", voidp, [ctypes.c_int]),
+        ("ggml_backend_dev_backend_reg", voidp, [voidp]),
+        ("ggml_backend_reg_get_proc_address", voidp, [voidp, ctypes.c_char_p]),
+        ("ggml_backend_buft_name", ctypes.c_char_p, [voidp]),
+    ):
+        getattr(libggml, name).restype, getattr(libggml, name).argtypes = restype, argtypes
+    device = libggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    address = libggml.ggml_backend_reg_get_proc_address(libggml.ggml_backend_dev_backend_reg(device), b"ggml_backend_dev_get_extra_bufts")
+    if not device or not address:
+        return {}
+    listed = ctypes.CFUNCTYPE(ctypes.POINTER(voidp), voidp)(address)(device)  # NULL-terminated
+    found: dict[str, int] = {}
+    for index in itertools.count():
+        if not listed[index]:
+            return found
+        found[libggml.ggml_backend_buft_name(listed[index]).decode()] = int(listed[index])
