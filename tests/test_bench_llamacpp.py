@@ -82,3 +82,16 @@ def test_a_missing_server_binary_and_a_server_that_exits_are_named(bin_folder: P
     failing = type(failing)("llama.cpp-broken", "broken", ("--fail",))
     with pytest.raises(ModelError, match="bad flag"):
         start_servers(bin_folder, [failing], tmp_path / "t.gguf", None, 1, 512, True)
+
+
+def test_servers_run_without_extra_buffers_where_localspecs_target_has_none(bin_folder: Path, tmp_path: Path) -> None:
+    """On AMX builds llama-server's default (the AMX buffer) dies with SIGILL on a batch inside VMs like
+    these; it can turn extra buffers off only all together, so it runs with --no-repack there."""
+    chosen = server_configs()[:1]
+    for extra_buffers, expected in ((True, False), (False, True)):
+        servers = start_servers(bin_folder, chosen, tmp_path / "t.gguf", None, 1, 512, True, extra_buffers)
+        try:
+            assert ("--no-repack" in servers["llama.cpp"].process.args) == expected
+        finally:
+            for server in servers.values():
+                server.close()

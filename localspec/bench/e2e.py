@@ -185,7 +185,8 @@ class Bench:
         if settings.llama_cpp:
             draft = engine.config.resolve_path(engine.config.model.draft) if engine.draft_model is not None else None
             self.servers = start_servers(settings.llama_cpp, server_configs(), engine.target_path, draft,
-                                         engine.target.threads, engine.target.context_size, engine.settings.use_mmap)  # fmt: skip
+                                         engine.target.threads, engine.target.context_size, engine.settings.use_mmap,
+                                         engine.target.placement.extra_buffers)  # fmt: skip
             self.variants = [v for v in self.variants if v.drafter != "llama.cpp" or v.name in self.servers]
 
     def close(self) -> None:

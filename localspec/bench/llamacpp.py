@@ -9,6 +9,14 @@ sends each of them the same prompt tokens in its interleaved order. Speed is
 the server's own decode rate (``timings.predicted_per_second``), the
 counterpart of localspec's tokens per decode second; the prompt is evaluated
 anew each time (``cache_prompt: false``) and not counted by either.
+
+Where localspec loads its target without llama.cpp's extra buffer types
+(AMX builds, whose AMX buffer runs tile instructions on batches, which die
+with SIGILL on VMs that do not enable AMX's tile state; or
+``LOCALSPEC_EXTRA_BUFFERS=0``), the servers run with ``--no-repack``: the
+only way llama-server runs there, since it can turn extra buffers off only
+all together (its ``--override-tensor`` knows no ``CPU_REPACK``), where
+localspec keeps the repacked buffer without AMX.
 """
 
 from __future__ import annotations
@@ -77,19 +85,22 @@ class LlamaServer:
     """One running llama-server (127.0.0.1, a free port, one slot), stopped by :meth:`close`."""
 
     def __init__(self, binary: Path, config: ServerConfig, target: Path, draft: Path | None, threads: int,
-                 n_ctx: int, use_mmap: bool) -> None:  # fmt: skip
+                 n_ctx: int, use_mmap: bool, extra_buffers: bool = True) -> None:  # fmt: skip
         self.config = config
         self.served = 0
-        self._start(binary, target, draft, threads, n_ctx, use_mmap)
+        self._start(binary, target, draft, threads, n_ctx, use_mmap, extra_buffers)
 
-    def _start(self, binary: Path, target: Path, draft: Path | None, threads: int, n_ctx: int, use_mmap: bool) -> None:
+    def _start(self, binary: Path, target: Path, draft: Path | None, threads: int, n_ctx: int, use_mmap: bool,
+               extra_buffers: bool) -> None:  # fmt: skip
         config = self.config
-        self._args = (binary, target, draft, threads, n_ctx, use_mmap)
+        self._args = (binary, target, draft, threads, n_ctx, use_mmap, extra_buffers)
         self.port = _free_port()
         args = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port), "-np", "1",
                 "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-fa", "off", "-ngl", "0"]  # fmt: skip
         if not use_mmap:
             args.append("--no-mmap")
+        if not extra_buffers:
+            args.append("--no-repack")  # for the draft too (see the module's docstring)
         if config.needs_draft:
             if draft is None:
                 raise ConfigError(f"{config.name} needs a draft model; load a pair with a draft")
@@ -142,7 +153,7 @@ class LlamaServer:
 
 
 def start_servers(folder: str | Path, configs: Sequence[ServerConfig], target: Path, draft: Path | None,
-                  threads: int, n_ctx: int, use_mmap: bool) -> dict[str, LlamaServer]:  # fmt: skip
+                  threads: int, n_ctx: int, use_mmap: bool, extra_buffers: bool = True) -> dict[str, LlamaServer]:  # fmt: skip
     """Start every configuration's server, then wait for all of them (they load in parallel)."""
     binary = find_server(folder)
     servers: dict[str, LlamaServer] = {}
@@ -150,7 +161,7 @@ def start_servers(folder: str | Path, configs: Sequence[ServerConfig], target: P
         for config in configs:
             if config.needs_draft and draft is None:
                 continue
-            servers[config.name] = LlamaServer(binary, config, target, draft, threads, n_ctx, use_mmap)
+            servers[config.name] = LlamaServer(binary, config, target, draft, threads, n_ctx, use_mmap, extra_buffers)
         for server in servers.values():
             server.wait_ready()
     except BaseException:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from localspec.llama.runtime import cpu_extra_buffer_types, system_info
+from localspec.llama.runtime import cpu_extra_buffer_types, gguf_tensor_table, system_info
 
 REPACK = "CPU_REPACK"
 # The x86 repack kernels (ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type) take these types
@@ -83,23 +82,9 @@ AMX_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")  # ggml-c
 AMX_DRAFT_SHARE = 0.9  # share of a draft's matrix bytes AMX must hold before one-row decodes pay (measured above)
 
 
-@functools.cache
-def _tensor_table(path: str) -> tuple[tuple[str, str, tuple[int, ...], int], ...]:
-    """(name, type, shape in ggml order, bytes) of every tensor in the GGUF, read without loading the weights."""
-    from gguf import GGUFReader  # llama.cpp's own GGUF reader
-
-    try:
-        return tuple(
-            (tensor.name, tensor.tensor_type.name, tuple(int(n) for n in tensor.shape), int(tensor.n_bytes))
-            for tensor in GGUFReader(path).tensors
-        )
-    except Exception:  # noqa: BLE001 - a file gguf cannot read: llama.cpp's load says why, in its own words
-        return ()
-
-
 def amx_share(path: Path | str) -> float:
     """The share of the model's multiplied matrices (by bytes) in types llama.cpp's AMX buffer takes."""
-    matrices = [(kind, size) for name, kind, _, size in _tensor_table(str(path)) if MATMUL_WEIGHT.match(name)]
+    matrices = [(kind.upper(), size) for name, kind, _, _, size in gguf_tensor_table(str(path)) if MATMUL_WEIGHT.match(name)]
     total = sum(size for _, size in matrices)
     return sum(size for kind, size in matrices if kind in AMX_TYPES) / total if total else 0.0
 
@@ -125,9 +110,9 @@ def repack_overrides(path: Path | str) -> ctypes.Array | None:
         return None
     names = [
         name
-        for name, kind, shape, _ in _tensor_table(str(path))
-        if kind in REPACKED_TYPES and MATMUL_WEIGHT.match(name) and len(shape) == 2 and shape[1] % 8 == 0
-    ]  # shape in ggml order: shape[1] is the number of weight rows
+        for name, kind, dims, rows, _ in gguf_tensor_table(str(path))
+        if kind.upper() in REPACKED_TYPES and MATMUL_WEIGHT.match(name) and dims == 2 and rows % 8 == 0
+    ]
     if not names:
         return None
     overrides = (TensorOverride * (len(names) + 1))()
