@@ -46,6 +46,18 @@ def test_json_reports_every_variant_with_medians_and_ranges(report) -> None:
     assert data["settings"]["adaptive_range"] == [0, 5] and 0 <= by_name["adaptive"]["mean_k"]["median"] <= 5
 
 
+def test_header_names_the_cpu_and_where_both_models_weights_sit(report) -> None:
+    """The same bench differs by 1.5-2x between CPUs and placements, so every report says which it ran on."""
+    from localspec.bench.e2e import render_table
+
+    data, _, _ = report
+    machine = data["machine"]
+    assert machine["cpu"] and machine["cores"] >= 1 and machine["weight_buffers"] and machine["draft_weight_buffers"]
+    header = render_table(data).splitlines()[0]
+    assert header.startswith(f"CPU: {machine['cpu']}") and "; draft weights in " in header
+    assert header.endswith(", one row per decode") == (machine["draft_rows_per_decode"] == 1)
+
+
 def test_speculative_rows_have_acceptance_split_and_prediction(report) -> None:
     data, _, _ = report
     for row in data["variants"]:

@@ -335,6 +335,8 @@ def machine(engine) -> dict[str, Any]:
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "flags": [f for f in wanted if f in flags],
         "weight_buffers": list(engine.target.weight_buffers),
+        "draft_weight_buffers": list(engine.draft_model.weight_buffers) if engine.draft_model is not None else [],
+        "draft_rows_per_decode": engine.draft_model.rows_per_decode if engine.draft_model is not None else None,
     }
 
 
@@ -433,7 +435,9 @@ def render_table(report: dict[str, Any]) -> str:
     lines = [
         f"CPU: {machine_info.get('cpu', '?')}, {machine_info.get('cores', '?')} cores visible, "
         f"{' '.join(machine_info.get('flags', [])) or 'no AVX2/AVX-512/AMX'}; target weights in "
-        f"{', '.join(machine_info.get('weight_buffers', [])) or '?'}",
+        f"{', '.join(machine_info.get('weight_buffers', [])) or '?'}"
+        + (f"; draft weights in {', '.join(machine_info['draft_weight_buffers'])}" if machine_info.get("draft_weight_buffers") else "")
+        + (", one row per decode" if machine_info.get("draft_rows_per_decode") == 1 else ""),
         "",
         "| variant | tok/s | speedup | acceptance | tokens/step | mean K | draft / verify / other | predicted | at acceptance 1 | measured/predicted |",
         "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
