@@ -241,7 +241,7 @@ def test_amx_builds_repack_what_they_can_and_keep_a_mostly_q5_0_draft_out_of_amx
     monkeypatch.setattr(placement, "system_info", lambda: "CPU : AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1")
     f32, _, q4_0 = demo_paths
     overrides = placement.repack_overrides(q4_0)
-    table = {name: kind.upper() for name, kind, _, _, _ in placement.gguf_tensor_table(str(q4_0))}
+    table = {name: kind for name, kind, _, _, _ in placement.gguf_tensor_table(str(q4_0))}
     named = [entry.pattern.decode()[1:-1].replace("\\", "") for entry in overrides[:-1]]
     assert overrides[len(overrides) - 1].pattern is None  # NULL-terminated, as llama.cpp reads it
     assert named and all(table[name] == "Q4_0" and name != "token_embd.weight" for name in named)
@@ -250,10 +250,10 @@ def test_amx_builds_repack_what_they_can_and_keep_a_mostly_q5_0_draft_out_of_amx
 
     assert placement.gguf_tensor_table(str(q4_0.parent / "missing.gguf")) == ()  # left to the load to explain
     monkeypatch.setattr(placement, "gguf_tensor_table", lambda path: (
-        ("token_embd.weight", "q8_0", 2, 151936, 145_000_000),
-        ("blk.0.ffn_up.weight", "q5_0", 2, 4864, 3_000_000),
-        ("blk.0.attn_q.weight", "q4_K", 2, 896, 450_000),
-        ("blk.0.ffn_down.weight", "q6_K", 2, 896, 3_500_000),
+        ("token_embd.weight", "Q8_0", 2, 151936, 145_000_000),
+        ("blk.0.ffn_up.weight", "Q5_0", 2, 4864, 3_000_000),
+        ("blk.0.attn_q.weight", "Q4_K", 2, 896, 450_000),
+        ("blk.0.ffn_down.weight", "Q6_K", 2, 896, 3_500_000),
     ))  # fmt: skip
     assert 0.5 < placement.amx_share("x.gguf") < placement.AMX_DRAFT_SHARE
     chosen = placement.weight_placement("draft", "x.gguf")

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from localspec.core.errors import IncompatiblePairError, ModelError, PromptTooLongError
-from localspec.llama.placement import WeightPlacement, repack_overrides, weight_placement
+from localspec.llama.placement import WeightPlacement, apply_placement, weight_placement
 from localspec.llama.runtime import C, compute, log
 
 GGUF_MAGIC = b"GGUF"
@@ -123,11 +123,7 @@ class LlamaModel:
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999_999
         mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP if settings.use_mmap else C.LLAMA_LOAD_MODE_NONE
-        mparams.use_extra_bufts = self.placement.extra_buffers
-        if self.placement.repack_only:
-            self._overrides = repack_overrides(self.path)  # kept: llama.cpp reads it during the load
-            if self._overrides is not None:
-                mparams.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
+        self._overrides = apply_placement(self.placement, self.path, mparams)  # kept: read during the load
         if on_progress is not None:
 
             def _progress(value: float, _user: ctypes.c_void_p) -> bool:

@@ -84,7 +84,7 @@ AMX_DRAFT_SHARE = 0.9  # share of a draft's matrix bytes AMX must hold before on
 
 def amx_share(path: Path | str) -> float:
     """The share of the model's multiplied matrices (by bytes) in types llama.cpp's AMX buffer takes."""
-    matrices = [(kind.upper(), size) for name, kind, _, _, size in gguf_tensor_table(str(path)) if MATMUL_WEIGHT.match(name)]
+    matrices = [(kind, size) for name, kind, _, _, size in gguf_tensor_table(str(path)) if MATMUL_WEIGHT.match(name)]
     total = sum(size for _, size in matrices)
     return sum(size for kind, size in matrices if kind in AMX_TYPES) / total if total else 0.0
 
@@ -111,7 +111,7 @@ def repack_overrides(path: Path | str) -> ctypes.Array | None:
     names = [
         name
         for name, kind, dims, rows, _ in gguf_tensor_table(str(path))
-        if kind.upper() in REPACKED_TYPES and MATMUL_WEIGHT.match(name) and dims == 2 and rows % 8 == 0
+        if kind in REPACKED_TYPES and MATMUL_WEIGHT.match(name) and dims == 2 and rows % 8 == 0
     ]
     if not names:
         return None
@@ -119,4 +119,14 @@ def repack_overrides(path: Path | str) -> ctypes.Array | None:
     for entry, name in zip(overrides, names):
         entry.pattern = f"^{re.escape(name)}$".encode()
         entry.buft = buft
+    return overrides
+
+
+def apply_placement(placement: WeightPlacement, path: Path | str, params) -> ctypes.Array | None:
+    """Set ``placement`` on llama.cpp's model ``params``; returns the override list, which the caller
+    keeps alive until the load is done (llama.cpp holds only a pointer to it)."""
+    params.use_extra_bufts = placement.extra_buffers
+    overrides = repack_overrides(path) if placement.repack_only else None
+    if overrides is not None:
+        params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
     return overrides

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import time
 from pathlib import Path
 from typing import Sequence
 
 from localspec.llama.model import LlamaSettings
-from localspec.llama.placement import repack_overrides, weight_placement
+from localspec.llama.placement import apply_placement, weight_placement
 from localspec.llama.runtime import C, compute
 
 
@@ -31,13 +30,11 @@ class ReferenceGenerator:
         threads = settings.resolved_threads()
         original = C.llama_model_default_params
         placement = weight_placement("target", path)
-        overrides = repack_overrides(path) if placement.repack_only else None  # alive until the load is done
+        kept = []  # the override list, alive until the load is done
 
         def params():  # same buffer-type choice as LocalSpec's target (see weight_placement)
             value = original()
-            value.use_extra_bufts = placement.extra_buffers
-            if overrides is not None:
-                value.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+            kept.append(apply_placement(placement, path, value))
             return value
 
         C.llama_model_default_params = params

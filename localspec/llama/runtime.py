@@ -172,40 +172,39 @@ def gpu_offload_supported() -> bool:
     return bool(C.llama_supports_gpu_offload())
 
 
+class GgufInitParams(ctypes.Structure):
+    """ggml's ``gguf_init_params``: read tensor metadata only (``no_alloc``), into a context at ``ctx``."""
+
+    _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.POINTER(ctypes.c_void_p))]
+
+
+@functools.cache
 def _ggml():
     """ggml's C library as llama_cpp loaded it (libggml, with libggml-base under it), for the calls
     llama-cpp-python binds no Python function to; each is declared once, here."""
     from llama_cpp._ggml import libggml
 
-    if not getattr(libggml, "_localspec_declared", False):
-        voidp, i64 = ctypes.c_void_p, ctypes.c_int64
-        for name, restype, argtypes in (
-            ("ggml_backend_dev_by_type", voidp, [ctypes.c_int]),
-            ("ggml_backend_dev_backend_reg", voidp, [voidp]),
-            ("ggml_backend_reg_get_proc_address", voidp, [voidp, ctypes.c_char_p]),
-            ("ggml_backend_buft_name", ctypes.c_char_p, [voidp]),
-            ("gguf_init_from_file", voidp, [ctypes.c_char_p, GgufInitParams]),
-            ("gguf_get_n_tensors", i64, [voidp]),
-            ("gguf_get_tensor_name", ctypes.c_char_p, [voidp, i64]),
-            ("gguf_get_tensor_type", ctypes.c_int, [voidp, i64]),
-            ("gguf_get_tensor_size", ctypes.c_size_t, [voidp, i64]),
-            ("gguf_free", None, [voidp]),
-            ("ggml_get_tensor", voidp, [voidp, ctypes.c_char_p]),
-            ("ggml_n_dims", ctypes.c_int, [voidp]),
-            ("ggml_nrows", i64, [voidp]),
-            ("ggml_type_name", ctypes.c_char_p, [ctypes.c_int]),
-            ("ggml_free", None, [voidp]),
-        ):
-            function = getattr(libggml, name)
-            function.restype, function.argtypes = restype, argtypes
-        libggml._localspec_declared = True
+    voidp, i64 = ctypes.c_void_p, ctypes.c_int64
+    for name, restype, argtypes in (
+        ("ggml_backend_dev_by_type", voidp, [ctypes.c_int]),
+        ("ggml_backend_dev_backend_reg", voidp, [voidp]),
+        ("ggml_backend_reg_get_proc_address", voidp, [voidp, ctypes.c_char_p]),
+        ("ggml_backend_buft_name", ctypes.c_char_p, [voidp]),
+        ("gguf_init_from_file", voidp, [ctypes.c_char_p, GgufInitParams]),
+        ("gguf_get_n_tensors", i64, [voidp]),
+        ("gguf_get_tensor_name", ctypes.c_char_p, [voidp, i64]),
+        ("gguf_get_tensor_type", ctypes.c_int, [voidp, i64]),
+        ("gguf_get_tensor_size", ctypes.c_size_t, [voidp, i64]),
+        ("gguf_free", None, [voidp]),
+        ("ggml_get_tensor", voidp, [voidp, ctypes.c_char_p]),
+        ("ggml_n_dims", ctypes.c_int, [voidp]),
+        ("ggml_nrows", i64, [voidp]),
+        ("ggml_type_name", ctypes.c_char_p, [ctypes.c_int]),
+        ("ggml_free", None, [voidp]),
+    ):
+        function = getattr(libggml, name)
+        function.restype, function.argtypes = restype, argtypes
     return libggml
-
-
-class GgufInitParams(ctypes.Structure):
-    """ggml's ``gguf_init_params``: read tensor metadata only (``no_alloc``), into a context at ``ctx``."""
-
-    _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.POINTER(ctypes.c_void_p))]
 
 
 @functools.cache
@@ -226,7 +225,7 @@ def gguf_tensor_table(path: str) -> tuple[tuple[str, str, int, int, int], ...]:
         for index in range(lib.gguf_get_n_tensors(context)):
             name = lib.gguf_get_tensor_name(context, index)
             tensor = lib.ggml_get_tensor(tensors, name)
-            kind = lib.ggml_type_name(lib.gguf_get_tensor_type(context, index)).decode()
+            kind = lib.ggml_type_name(lib.gguf_get_tensor_type(context, index)).decode().upper()  # "Q4_K", as GGML_TYPE_Q4_K
             table.append((name.decode(), kind, lib.ggml_n_dims(tensor), lib.ggml_nrows(tensor), lib.gguf_get_tensor_size(context, index)))
         return tuple(table)
     finally:
