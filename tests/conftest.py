@@ -56,11 +56,18 @@ def test_config(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch, test_config):
-    """Doctor results and other caches go to a per-session folder, never the user's; the CLI runs the test config."""
-    monkeypatch.setenv("LOCALSPEC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-    monkeypatch.setenv("LOCALSPEC_CONFIG", str(test_config))
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory, test_config):
+    """Doctor results and other caches go to a per-session folder, never the user's; the CLI runs the test config.
+
+    Session-scoped so it is in place before any module fixture starts a CLI: as a per-test fixture it
+    came after them, and a module's `localspec bench` ran the user's config (all cores) beside the other
+    worker's decode; on two cores the two pairs of OpenMP threads spun on each other's barriers and the
+    bench went from 8 s to past its 600 s timeout in CI."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LOCALSPEC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        patch.setenv("LOCALSPEC_CONFIG", str(test_config))
+        yield
 
 
 def make_engine(target, draft, **overrides):
@@ -148,7 +155,7 @@ def running_server(args: list[str], ready_prefix: str, log_path: Path, env: dict
 
 
 def server_env(tmp_path_factory, test_config) -> dict[str, str]:
-    # (session fixtures start before the per-test environment)
+    # (spelled out, so it holds whatever order the session fixtures start in)
     return {**os.environ, "LOCALSPEC_CACHE": str(tmp_path_factory.getbasetemp() / "cache"), "PYTHONUNBUFFERED": "1",
             "LOCALSPEC_CONFIG": str(test_config)}
 

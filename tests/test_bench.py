@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from .conftest import run_cli
+from .conftest import TEST_THREADS, run_cli
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.xdist_group("bench")]  # one worker runs the module fixture once
 
 SPLIT_KEYS = {"draft", "verify", "other"}
 
@@ -56,6 +56,13 @@ def test_header_names_the_cpu_and_where_both_models_weights_sit(report) -> None:
     header = render_table(data).splitlines()[0]
     assert header.startswith(f"CPU: {machine['cpu']}") and "; draft weights in " in header
     assert header.endswith(", one row per decode") == (machine["draft_rows_per_decode"] == 1)
+
+
+def test_bench_runs_the_test_config_threads(report) -> None:
+    """The module fixture's CLI gets the session's config: with the user's (all cores) beside the other
+    xdist worker, two pairs of OpenMP threads spun on two cores and the bench timed out in CI."""
+    data, _, _ = report
+    assert data["pair"]["threads"] == TEST_THREADS
 
 
 def test_speculative_rows_have_acceptance_split_and_prediction(report) -> None:
