@@ -1,6 +1,6 @@
-"""The default pair, Qwen2.5-Coder 1.5B (target) + 0.5B (draft), Q4_K_M: every exactness promise on real models.
+"""The default pair, Qwen2.5-Coder 1.5B Q4_K_M (target) + 0.5B Q4_0 (draft): every exactness promise on real models.
 
-Q4_K_M goes through llama.cpp's repacked CPU kernels (CPU_REPACK) and, for its
+The target's Q4_K_M goes through llama.cpp's repacked CPU kernels (CPU_REPACK) and, for its
 Q6_K tensors, through a tiled matmul at 8 or more rows; in both a single row
 used to round differently from the rows of a batch. `make install` builds
 llama-cpp-python with patches/…q4k-gemv-batch-invariant.patch and
@@ -159,7 +159,7 @@ def test_doctor_on_the_default_pair_tells_the_truth() -> None:
     result = run_cli("doctor", "--pair", REAL_PAIR)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf + qwen2.5-coder-0.5b-instruct-q4_k_m.gguf — compatible" in out
+    assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf + qwen2.5-coder-0.5b-instruct-q4_0.gguf — compatible" in out
     assert ("patches: llama-cpp-python-0.3.36-kquant-vec-dot-tiled-invariant.patch "
             "llama-cpp-python-0.3.36-q4k-gemv-batch-invariant.patch") in out
     assert "tiled K-quant matmul: on for Q4_K, Q5_K and Q6_K" in out

@@ -58,6 +58,9 @@ def weight_placement(role: str, path: Path | str) -> WeightPlacement:
       12.6 / 11.6, prompts 1.3-1.8x slower). Qwen2.5-0.5B Q4_K_M is 55 % Q5_0,
       which AMX does not take: one row 24.5 ms against 26.6, but a two-row
       catch-up 45.7 against 32.9 and a 300-token prompt 5.0 s against 1.7.
+      Requantized to Q4_0 (the default pair's draft) AMX holds all of it:
+      16.3 ms a token against 20.9 repacked, which paid more in the bench
+      than its slower prompt (2.7 s against 1.2) cost.
 
     ``LOCALSPEC_EXTRA_BUFFERS=1`` says AMX tiles work here (normal batches,
     extra buffers for both); ``=0`` turns extra buffers off for both.
