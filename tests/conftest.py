@@ -19,7 +19,7 @@ DRAFT = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 WEAK_DRAFT = MODELS / "SmolLM2-135M-Instruct.Q4_0.gguf"
 GEMMA = MODELS / "gemma-3-270m-q4_k_m.gguf"
 QWEN_TARGET = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-QWEN_DRAFT = MODELS / "qwen2.5-coder-0.5b-instruct-q4_0.gguf"  # the pair's draft, derived from the Q4_K_M
+QWEN_DRAFT = MODELS / "qwen2.5-coder-0.5b-instruct-q4_0-pure.gguf"  # the pair's draft, derived from the Q4_K_M
 REAL_PAIR = "qwen2.5-coder-1.5b"
 # llama.cpp threads per model: the cores shared among the xdist workers. Two workers each decoding
 # with two OpenMP threads on two cores spin on each other's barriers (measured: a real-pair test went

@@ -113,7 +113,7 @@ def test_the_real_pair_is_declared_with_sizes_checksums_and_all_parts() -> None:
     catalog = Catalog.load()
     pair = catalog.pair("qwen2.5-coder-1.5b")
     target, derived = catalog.files[pair.target.file], catalog.files[pair.draft.file]
-    assert derived.source == {"derive": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "type": "Q4_0"}
+    assert derived.source == {"derive": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "type": "Q4_0", "pure": True}
     draft = catalog.files[derived.source["derive"]]  # the draft as published, requantized locally
     assert len(target.source["pypi_parts"]) == 22 and len(draft.source["pypi_parts"]) == 6
     assert target.size == 1_117_320_768 and draft.size == 491_400_064
@@ -127,7 +127,7 @@ def test_the_pair_fills_what_is_left_empty_and_explicit_paths_win(tmp_path) -> N
     catalog = Catalog.load(models_dir=tmp_path)
     default = resolve_pair(Config(), catalog)
     assert default.model.target == str(tmp_path / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
-    assert default.model.draft == str(tmp_path / "qwen2.5-coder-0.5b-instruct-q4_0.gguf")
+    assert default.model.draft == str(tmp_path / "qwen2.5-coder-0.5b-instruct-q4_0-pure.gguf")
     assert active_pair(Config(), catalog) == "qwen2.5-coder-1.5b"
     demo = Config().with_overrides({"model.pair": "demo"})
     assert active_pair(demo, catalog) == "demo"

@@ -1,4 +1,4 @@
-"""The default pair, Qwen2.5-Coder 1.5B Q4_K_M (target) + 0.5B Q4_0 (draft): every exactness promise on real models.
+"""The default pair, Qwen2.5-Coder 1.5B Q4_K_M (target) + 0.5B in Q4_0 (draft): every exactness promise on real models.
 
 The target's Q4_K_M goes through llama.cpp's repacked CPU kernels (CPU_REPACK) and, for its
 Q6_K tensors, through a tiled matmul at 8 or more rows; in both a single row
@@ -67,6 +67,17 @@ def test_target_keeps_the_fast_kernels_and_they_are_batch_invariant(engines) -> 
     report = engine.invariance(refresh=True)
     assert report.identical, report.line()
     assert engine.ensure_invariance(engine.options(mode="greedy"), GREEDY) is None  # nothing to reload or warn about
+
+
+def test_the_derived_draft_reads_q4_0_in_every_matrix_the_output_one_included(real_paths) -> None:
+    """The catalog derives the draft with llama.cpp's quantizer in "pure" mode: left to itself it keeps
+    the 0.5B's 151,936 x 896 output matrix at Q8_0, 41 % of the bytes a draft token reads."""
+    from localspec.llama.runtime import gguf_tensor_table
+
+    _, draft = real_paths
+    matrices = {name: kind for name, kind, dims, _, _ in gguf_tensor_table(str(draft)) if dims == 2}
+    assert matrices["output.weight"] == "Q4_0"
+    assert set(matrices.values()) == {"Q4_0"}, {k: v for k, v in matrices.items() if v != "Q4_0"}
 
 
 def test_greedy_speculative_equals_target_only(engines) -> None:
@@ -159,7 +170,7 @@ def test_doctor_on_the_default_pair_tells_the_truth() -> None:
     result = run_cli("doctor", "--pair", REAL_PAIR)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf + qwen2.5-coder-0.5b-instruct-q4_0.gguf — compatible" in out
+    assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf + qwen2.5-coder-0.5b-instruct-q4_0-pure.gguf — compatible" in out
     assert ("patches: llama-cpp-python-0.3.36-kquant-vec-dot-tiled-invariant.patch "
             "llama-cpp-python-0.3.36-q4k-gemv-batch-invariant.patch") in out
     assert "tiled K-quant matmul: on for Q4_K, Q5_K and Q6_K" in out

