@@ -197,18 +197,20 @@ def test_utf8_characters_spanning_tokens_are_never_broken(engines) -> None:
 
 
 def test_weight_placement_keeps_amx_tiles_out_of_every_batch(engines, demo_paths, monkeypatch) -> None:
-    """On an AMX build a draft AMX can hold keeps the fast AMX buffer but never decodes two rows at once
-    (tiles SIGILL on VMs like this one); the target, which needs batches, never gets the AMX buffer."""
-    from localspec.llama import placement
+    """On an AMX build a draft AMX can hold keeps the fast AMX buffer but never runs tile instructions
+    (they SIGILL on VMs like this one): with localspec's AMX patch the rows of a batch take the one-row
+    kernels, without it every row is a decode of its own; either way a row equals the same row decoded
+    alone. The target, which needs batches, never gets the AMX buffer."""
+    from localspec.llama import placement, runtime
 
     engine = engines["q4_1"]
     target, draft = engine.target, engine.draft_model
     if "AMX_INT8 = 1" in placement.system_info():
-        assert "AMX" in draft.weight_buffers and draft.rows_per_decode == 1
+        assert "AMX" in draft.weight_buffers and (draft.rows_per_decode == 1) != runtime.amx_rows_without_tiles()
         assert "AMX" not in target.weight_buffers and target.rows_per_decode > 1
     else:
         assert draft.rows_per_decode > 1 and target.rows_per_decode > 1
-    if draft.rows_per_decode == 1:  # a prompt and a two-token catch-up are split into one-row decodes
+    if "AMX" in draft.weight_buffers:  # a two-token catch-up in one decode (or one per row) against rows alone
         base = len(draft.cached_tokens)
         rows = draft.extend([1000, 1001, 1002], 2)
         draft.truncate(base)
@@ -224,8 +226,11 @@ def test_weight_placement_keeps_amx_tiles_out_of_every_batch(engines, demo_paths
         assert (chosen.extra_buffers, chosen.one_row_per_decode, chosen.repack_only) == (extra, one_row, False)
     monkeypatch.delenv("LOCALSPEC_EXTRA_BUFFERS")
     monkeypatch.setattr(placement, "system_info", lambda: "CPU : AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1")
-    draft_placement = placement.weight_placement("draft", q4_1)
-    assert draft_placement == placement.WeightPlacement(True, True, draft_placement.reason)
+    for patched in (False, True):  # one row per decode, unless the build runs batches without tiles
+        monkeypatch.setattr(placement, "amx_rows_without_tiles", lambda: patched)
+        draft_placement = placement.weight_placement("draft", q4_1)
+        assert draft_placement == placement.WeightPlacement(True, not patched, draft_placement.reason)
+        assert ("row by row" in draft_placement.reason) == patched
     target_placement = placement.weight_placement("target", q4_1)
     assert not target_placement.extra_buffers and target_placement.repack_only
     monkeypatch.setattr(placement, "system_info", lambda: "CPU : AVX2 = 1 | REPACK = 1")

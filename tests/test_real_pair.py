@@ -80,6 +80,21 @@ def test_the_derived_draft_reads_q4_0_in_every_matrix_the_output_one_included(re
     assert set(matrices.values()) == {"Q4_0"}, {k: v for k, v in matrices.items() if v != "Q4_0"}
 
 
+def test_a_draft_in_the_amx_buffer_reads_a_batch_in_one_decode_row_for_row(engines) -> None:
+    """With localspec's AMX patch the Q4_0 draft keeps the AMX buffer and still reads a prompt or a
+    catch-up in batches (each row on the one-row kernels, no tiles); every row of a batch equals the
+    same row decoded alone, so nothing about the draft's proposals depends on how it was fed."""
+    from localspec.app.invariance import measure_model
+
+    draft = engines["draft"].draft_model
+    if "AMX" not in draft.weight_buffers:
+        pytest.skip(f"the draft is not in llama.cpp's AMX buffer on this CPU ({', '.join(draft.weight_buffers)})")
+    assert (draft.rows_per_decode > 1) == runtime.amx_rows_without_tiles()
+    report = measure_model(draft)
+    assert report.identical, report.line()
+    draft.reset()
+
+
 def test_greedy_speculative_equals_target_only(engines) -> None:
     plain, speculative = engines["none"], engines["draft"]
     rejected_somewhere = False

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from localspec.llama.runtime import cpu_extra_buffer_types, gguf_tensor_table, system_info
+from localspec.llama.runtime import amx_rows_without_tiles, cpu_extra_buffer_types, gguf_tensor_table, system_info
 
 REPACK = "CPU_REPACK"
 # The x86 repack kernels (ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type) take these types
@@ -62,6 +62,11 @@ def weight_placement(role: str, path: Path | str) -> WeightPlacement:
       16.3 ms a token against 20.9 repacked, which paid more in the bench
       than its slower prompt (2.7 s against 1.2) cost.
 
+    localspec's AMX patch (``patches/…speed-amx-rows-without-tiles.patch``) lifts the one-row rule: it
+    runs a batch's rows on the one-row kernels, each block of weights read once for all rows, so a draft
+    in the AMX buffer reads a prompt or a two-token catch-up in one decode (the Q4_0 0.5B: 2 rows in
+    17.6-18.0 ms against 24.2-25.3, a 300-token prompt in 0.83-0.85 s against 2.6-2.7).
+
     ``LOCALSPEC_EXTRA_BUFFERS=1`` says AMX tiles work here (normal batches,
     extra buffers for both); ``=0`` turns extra buffers off for both.
     """
@@ -74,6 +79,9 @@ def weight_placement(role: str, path: Path | str) -> WeightPlacement:
         return WeightPlacement(True, False, "extra buffers on (no AMX in this build)")
     share = amx_share(path)
     if role == "draft" and share >= AMX_DRAFT_SHARE:
+        if amx_rows_without_tiles():
+            return WeightPlacement(True, False, f"AMX build: AMX buffer ({share:.0%} of the weights), batches row by row "
+                                   "on its one-row kernels (no tile instructions)")  # fmt: skip
         return WeightPlacement(True, True, f"AMX build: AMX buffer ({share:.0%} of the weights), one row per decode (no tile instructions)")
     return WeightPlacement(
         False, False, f"AMX build: no AMX buffer ({share:.0%} of the weights would go there; batches would run "

@@ -42,6 +42,8 @@ except ImportError as _error:  # pragma: no cover - exercised only on a broken i
 # (the doctor says what it does).
 TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
 TILED_PATCH = "kquant-vec-dot-tiled-invariant"  # in the name of the patch that makes the tiled kernel invariant
+AMX_NO_TILES_ENV = "GGML_AMX_NO_TILES"  # read by localspec's AMX patch: batches in the AMX buffer row by row, no tiles
+AMX_ROWS_PATCH = "speed-amx-rows-without-tiles"  # in the name of that patch
 
 
 class ComputeThread:
@@ -119,6 +121,8 @@ def start() -> tuple[ComputeThread, LlamaLog]:
     """Set up llama.cpp for this process (once): environment, log capture, backend, compute thread."""
     os.environ.setdefault("GGML_LOG_LEVEL", "error")
     os.environ.setdefault(TILED_MATMUL_ENV, "1" if tiled_matmul_invariant() else "0")  # before the first matmul
+    if amx_rows_without_tiles() and os.environ.get("LOCALSPEC_EXTRA_BUFFERS", "").strip() != "1":
+        os.environ.setdefault(AMX_NO_TILES_ENV, "1")  # unless the user declared that AMX tiles work here
     log = LlamaLog()
     C.llama_backend_init()
     return ComputeThread(), log
@@ -153,6 +157,15 @@ def build_stamp() -> dict | None:
 def tiled_matmul_invariant() -> bool:
     """Whether the installed build rounds single rows like the tiled matmul (localspec's K-quant patch)."""
     return TILED_PATCH in (build_stamp() or {}).get("patches", "")
+
+
+def amx_rows_without_tiles() -> bool:
+    """Whether the installed build can run a batch in llama.cpp's AMX buffer without tile instructions
+    (localspec's AMX patch: with ``GGML_AMX_NO_TILES`` set, each row of a batch takes the one-row
+    AVX512-VNNI kernels while a block of weights is in cache, so the weights are read once per batch
+    and every row equals the same row decoded alone). Without it, a model in that buffer on a CPU
+    whose tiles die must be fed one row per decode (see :func:`~localspec.llama.placement.weight_placement`)."""
+    return AMX_ROWS_PATCH in (build_stamp() or {}).get("patches", "")
 
 
 def tiled_matmul_enabled() -> bool:
