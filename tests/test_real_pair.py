@@ -92,7 +92,6 @@ def test_a_draft_in_the_amx_buffer_reads_a_batch_in_one_decode_row_for_row(engin
     assert (draft.rows_per_decode > 1) == runtime.amx_rows_without_tiles()
     report = measure_model(draft)
     assert report.identical, report.line()
-    draft.reset()
 
 
 def test_greedy_speculative_equals_target_only(engines) -> None:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from localspec.llama.runtime import amx_rows_without_tiles, cpu_extra_buffer_types, gguf_tensor_table, system_info
+from localspec.llama.runtime import (
+    amx_rows_without_tiles,
+    cpu_extra_buffer_types,
+    extra_buffers_choice,
+    gguf_tensor_table,
+    system_info,
+)
 
 REPACK = "CPU_REPACK"
 # The x86 repack kernels (ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type) take these types
@@ -70,7 +75,7 @@ def weight_placement(role: str, path: Path | str) -> WeightPlacement:
     ``LOCALSPEC_EXTRA_BUFFERS=1`` says AMX tiles work here (normal batches,
     extra buffers for both); ``=0`` turns extra buffers off for both.
     """
-    value = os.environ.get("LOCALSPEC_EXTRA_BUFFERS", "").strip()
+    value = extra_buffers_choice()
     if value == "1":
         return WeightPlacement(True, False, "extra buffers on (LOCALSPEC_EXTRA_BUFFERS=1)")
     if value == "0":

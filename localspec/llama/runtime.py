@@ -42,6 +42,7 @@ except ImportError as _error:  # pragma: no cover - exercised only on a broken i
 # (the doctor says what it does).
 TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
 TILED_PATCH = "kquant-vec-dot-tiled-invariant"  # in the name of the patch that makes the tiled kernel invariant
+EXTRA_BUFFERS_ENV = "LOCALSPEC_EXTRA_BUFFERS"  # 1: extra buffers (AMX tiles included) for both models; 0: none
 AMX_NO_TILES_ENV = "GGML_AMX_NO_TILES"  # read by localspec's AMX patch: batches in the AMX buffer row by row, no tiles
 AMX_ROWS_PATCH = "speed-amx-rows-without-tiles"  # in the name of that patch
 
@@ -121,7 +122,7 @@ def start() -> tuple[ComputeThread, LlamaLog]:
     """Set up llama.cpp for this process (once): environment, log capture, backend, compute thread."""
     os.environ.setdefault("GGML_LOG_LEVEL", "error")
     os.environ.setdefault(TILED_MATMUL_ENV, "1" if tiled_matmul_invariant() else "0")  # before the first matmul
-    if amx_rows_without_tiles() and os.environ.get("LOCALSPEC_EXTRA_BUFFERS", "").strip() != "1":
+    if amx_rows_without_tiles() and extra_buffers_choice() != "1":
         os.environ.setdefault(AMX_NO_TILES_ENV, "1")  # unless the user declared that AMX tiles work here
     log = LlamaLog()
     C.llama_backend_init()
@@ -157,6 +158,11 @@ def build_stamp() -> dict | None:
 def tiled_matmul_invariant() -> bool:
     """Whether the installed build rounds single rows like the tiled matmul (localspec's K-quant patch)."""
     return TILED_PATCH in (build_stamp() or {}).get("patches", "")
+
+
+def extra_buffers_choice() -> str:
+    """The user's ``LOCALSPEC_EXTRA_BUFFERS``: "1" (AMX tiles work here), "0" (no extra buffers), or "" (localspec decides)."""
+    return os.environ.get(EXTRA_BUFFERS_ENV, "").strip()
 
 
 def amx_rows_without_tiles() -> bool:
