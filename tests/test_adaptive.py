@@ -281,6 +281,26 @@ def test_weights_give_bit_identical_probabilities() -> None:
         assert np.array_equal(w.dense(), dense)
 
 
+def test_sliced_residual_equals_the_dense_residual_element_for_element() -> None:
+    """After a rejection the residual max(0, p - q) is computed slice by slice from the two sliced rows
+    (no full row written); every element must equal the dense rows' difference, across slice edges."""
+    from localspec.core.sampling import residual_of
+
+    rng = np.random.default_rng(11)
+    vocab = 151_936
+    params = SamplingParams(temperature=0.7)
+    p = weights((rng.standard_normal(vocab) * 3).astype(np.float32), params)
+    q = weights((rng.standard_normal(vocab) * 3).astype(np.float32), params)
+    dense = np.maximum(p.dense() - q.dense(), 0.0)
+    residual = residual_of(p, q)
+    assert np.array_equal(residual.w, dense)
+    assert residual.total == pytest.approx(dense.sum(), rel=1e-12)
+    for token in (0, 32_767, 32_768, int(np.argmax(dense)), vocab - 1):
+        assert residual.prob(token) == dense[token] / residual.total
+    drawn = {residual.sample(rng) for _ in range(200)}
+    assert all(dense[t] > 0 for t in drawn)  # never a token where q covers p
+
+
 def test_one_prediction_for_every_reply_from_its_steps_ks() -> None:
     """perf.predicted_speedup (UI; the bench uses its two halves) sums E[tokens] over each step's own k."""
     from localspec.core.events import GenerationStats

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec.core.sampling import dense_of, prob_of, sample_index
+from localspec.core.sampling import dense_of, prob_of, residual_of, sample_index
 
 
 @dataclass
@@ -75,10 +75,8 @@ def verify_rejection(
         accepted = u < accept_prob
         checks.append(DraftCheck(token, p_tok, q_tok, accept_prob, u, accepted))
         if not accepted:
-            residual = np.subtract(dense_of(p_row), dense_of(q_row))  # full rows only on a rejection
-            np.maximum(residual, 0.0, out=residual)
-            mass = float(residual.sum())
-            return Verdict(i, sample_index(residual, rng), False, checks, residual_mass=mass)
+            residual = residual_of(p_row, q_row)
+            return Verdict(i, sample_index(residual, rng), False, checks, residual_mass=residual.total)
     return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
 
 

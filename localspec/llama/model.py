@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 import time
@@ -243,7 +244,7 @@ class LlamaModel:
                     # the requested rows are contiguous in llama.cpp's output buffer: one copy
                     ptr = C.llama_get_logits_ith(self._ctx, max(start, first_logit) - start)
                     dst = max(start, first_logit) - first_logit
-                    out[dst : dst + rows] = np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
+                    out[dst : dst + rows] = _floats_at(ptr, rows * self._n_vocab).reshape(rows, self._n_vocab)
                 self._tokens.extend(part)
         self.n_evaluated += n
         return out
@@ -370,3 +371,15 @@ class LlamaModel:
     @property
     def size_bytes(self) -> int:
         return int(C.llama_model_size(self._model))
+
+
+@functools.lru_cache(maxsize=64)
+def _float_array_type(n: int) -> type:
+    return ctypes.c_float * n
+
+
+def _floats_at(ptr, n: int) -> np.ndarray:
+    """``n`` floats at ``ptr`` as a numpy view. ``np.ctypeslib.as_array`` builds a ctypes array type
+    per call (45 us, against 12 us for copying a logit row); the types are kept here instead."""
+    address = ctypes.cast(ptr, ctypes.c_void_p).value
+    return np.frombuffer(_float_array_type(n).from_address(address), dtype=np.float32)
