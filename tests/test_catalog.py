@@ -87,6 +87,23 @@ def test_a_partial_or_corrupt_file_is_rebuilt(tmp_path, fake_index, damage) -> N
     assert any("checksum mismatch or truncated" in line for line in said)
 
 
+def test_files_the_catalog_no_longer_names_are_removed_and_others_kept(tmp_path, fake_index) -> None:
+    """A file localspec built under a name the catalog has dropped goes; a user's own file stays."""
+    catalog = parts_catalog(tmp_path)
+    Preparer(catalog, say=lambda _: None).prepare_pairs(["toy"])
+    retired, own = tmp_path / "retired.gguf", tmp_path / "mine.gguf"
+    retired.write_bytes(b"old derivation")
+    own.write_bytes(b"the user's model")
+    manifest = cat.Manifest(tmp_path)
+    manifest.record(retired, hashlib.sha256(b"old derivation").hexdigest())
+    said: list[str] = []
+    preparer = Preparer(catalog, say=said.append)
+    preparer.prepare_pairs(["toy"])
+    assert not retired.exists() and "retired.gguf" not in cat.Manifest(tmp_path).entries
+    assert own.exists() and (tmp_path / "toy.gguf").exists() and (tmp_path / "toy-draft.gguf").exists()
+    assert preparer.actions == ["removed retired.gguf"] and "no longer names it" in said[0]
+
+
 def test_a_bad_checksum_leaves_no_file_and_no_parts(tmp_path, fake_index) -> None:
     catalog = parts_catalog(tmp_path)
     catalog.files["toy.gguf"].sha256 = "0" * 64  # what a corrupt upload would look like

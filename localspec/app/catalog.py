@@ -201,6 +201,12 @@ class Manifest:
         entry = self.entries.get(name)
         return entry["sha256"] if entry else None
 
+    def forget(self, name: str) -> None:
+        if self.entries.pop(name, None) is not None:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.entries, indent=1, sort_keys=True))
+            tmp.replace(self.path)
+
 
 # ----------------------------------------------------------------------
 # preparation
@@ -235,10 +241,24 @@ class Preparer:
         """Check the disk once for everything that needs building, then build it."""
         self.catalog.models_dir.mkdir(parents=True, exist_ok=True)
         _remove_stale_parts(self.catalog.models_dir)
+        self.remove_retired()
         to_build = list(dict.fromkeys(missing for name in names for missing in self._needs_building(name)))
         self.check_disk_space(to_build)
         for name in names:
             self.ensure(name)
+
+    def remove_retired(self) -> None:
+        """Delete the files localspec built that the catalog no longer names (a draft derived anew under
+        a new name left the 429 MB one before it behind). Only files in the manifest go: the manifest
+        records nothing but catalog files localspec built or checked, never a model the user put here."""
+        for name in [name for name in self.manifest.entries if name not in self.catalog.files]:
+            path = self.catalog.models_dir / name
+            size = path.stat().st_size if path.exists() else 0
+            path.unlink(missing_ok=True)
+            self.manifest.forget(name)
+            if size:
+                self.say(f"{name}: removed ({size / 1e6:.0f} MB), the catalog no longer names it")
+                self.actions.append(f"removed {name}")
 
     def _needs_building(self, name: str) -> list[str]:
         """``name`` and what it is derived from, as far as they are missing or fail their checksum."""
