@@ -585,3 +585,21 @@ def test_a_probe_waits_while_the_catch_up_would_cost_more_than_it_could_win(back
         ks.append(controller.choose(None, backlog=backlog).k)
         controller.observe(ks[-1], 0, ks[-1], 0.004 * ks[-1], gpu_verify(ks[-1] + 1), 1e-4)
     assert (max(ks) > 0) == probes, ks
+
+
+@pytest.mark.parametrize("backlog, wait_steps, waits", [(100, 4, True), (10, 4, False), (100, 0, False)])
+def test_a_long_catch_up_waits_out_a_new_replys_first_steps(backlog: int, wait_steps: int, waits: bool) -> None:
+    """Drafting pays, and a new reply's prompt would cost the draft 0.2 s to read: over the reply's first
+    steps the model waits (the reply may quote its prompt, and lookup write it for free), then drafts.
+    A short catch-up (10 tokens, 20 ms: less than four times what waiting loses) never waits; nor with
+    ``wait_steps = 0`` (the negative control: the behaviour comes from the rule)."""
+    controller = AdaptiveK(0, 8, wait_steps=wait_steps)
+    controller.seed(Costs({n: gpu_verify(n) for n in (1, 2, 4, 8, 16)}, 0.002))
+    run_costed(controller, 0.9, 0.002, gpu_verify, 200, np.random.default_rng(3))
+    controller.observe(4, 4, 4, 0.2 + 0.008, gpu_verify(5), 1e-4, catch_up_s=0.2, backlog=100)  # 2 ms a token
+    controller.new_reply()
+    ks = [controller.choose(None, backlog=backlog).k for _ in range(6)]
+    if waits:
+        assert ks[:4] == [0, 0, 0, 0] and ks[4] > 0, ks
+    else:
+        assert ks[0] > 0, ks

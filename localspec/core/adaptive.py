@@ -109,6 +109,8 @@ class AdaptiveK:
     hopeless_factor: int = 4  # ... times this between re-timings where the costs alone rule drafting out
     retime_alone: int = 32  # while the model drafts: a one-row step when the last one is this many steps old
     horizon_tokens: int = 64  # the draft's catch-up must pay for itself within this many tokens
+    wait_steps: int = 4  # a long catch-up waits over a reply's first steps, and this long after a lookup match, ...
+    wait_catch_up: float = 4.0  # ... while it costs more than this many times what waiting lost (see _wait)
     probe_budget: float = 0.03  # a probe's catch-up may cost this share of the reply's steps without the model
     reply_carry: float = 0.25  # the weight lookup's evidence keeps into a new reply (see new_reply)
     _accepted: float = 0.0
@@ -129,6 +131,8 @@ class AdaptiveK:
     _next_probe: int = 0
     _model_step: int = 0  # the last step the model drafted
     _reply_start: int = 0  # the step the current reply began at
+    _quoted_step: int = -1_000_000  # the last step lookup had a match of two or more tokens
+    _waited: int = 0  # steps of the current reply that a catch-up waited out (see _wait)
     # set when the draft's cost per token should be timed again (a one-token decode, no catch-up): while
     # the costs rule drafting out, only a change of costs could bring it back, and that is all a probe
     # that drafted would find out, at the price of the draft reading everything it sat out
@@ -268,6 +272,7 @@ class AdaptiveK:
         reply quotes nothing, a summary phrases, an edit a whole function): the new reply's own
         comparisons soon outweigh the last reply's, while a bin seen often keeps its direction."""
         self._reply_start = self._steps
+        self._waited = 0
         for counts in self._lookup.values():
             counts[0] *= self.reply_carry
             counts[1] *= self.reply_carry
@@ -309,9 +314,14 @@ class AdaptiveK:
         else the model's K (``model``: a draft model is there to ask; ``backlog``: tokens it would
         have to read first, beyond the usual two)."""
         self._steps += 1
-        plan = self._lookup_plan(match, model) if match is not None and self.lookup_max > 0 else None
+        if match is not None and match.length >= 2:
+            self._quoted_step = self._steps
+        may_quote = self._steps - max(self._reply_start, self._quoted_step) <= self.wait_steps
+        plan = None
+        if match is not None and self.lookup_max > 0:
+            plan = self._lookup_plan(match, model, backlog, may_quote)
         if plan is None:
-            plan = Plan(MODEL, self._model_k(backlog)) if model else Plan("", 0)
+            plan = Plan(MODEL, self._model_k(backlog, may_quote)) if model else Plan("", 0)
         if plan.k == 0:
             plan = Plan("", 0)
         self.history.append(plan.k)
@@ -319,8 +329,9 @@ class AdaptiveK:
             del self.history[:2048]  # a controller lives as long as its decoder
         return plan
 
-    def _lookup_plan(self, match: Match, model: bool) -> Plan | None:
-        """The lookup K with the best predicted rate, if it beats drafting nothing and the model's best K."""
+    def _lookup_plan(self, match: Match, model: bool, backlog: int = 0, may_quote: bool = False) -> Plan | None:
+        """The lookup K with the best predicted rate, if it beats drafting nothing and the model's best K
+        as it stands this step (see :meth:`_model_rival`)."""
         ks = range(1, min(self.lookup_max, match.available) + 1)
         if not ks:
             return None
@@ -328,8 +339,29 @@ class AdaptiveK:
             return Plan(LOOKUP, ks[-1])
         expected = self.lookup_expected(match.length, ks[-1])
         best, k = max((expected[n - 1] / self.step_seconds(n, LOOKUP), -n) for n in ks)
-        rival = max((self.rate(n) or 0.0) for n in range(self.k_min if model else 0, (self.k_max if model else 0) + 1))
-        return Plan(LOOKUP, -k) if best > rival else None
+        alone = (self.rate(0) or 0.0) if not model or self.k_min == 0 else 0.0
+        model_rate, waits = self._model_rival(backlog, may_quote) if model else (0.0, False)
+        if best <= max(alone, model_rate):
+            return None
+        self._waited += waits  # the model sat this step out for lookup: part of the wait's budget
+        return Plan(LOOKUP, -k)
+
+    def _model_rival(self, backlog: int, may_quote: bool) -> tuple[float, bool]:
+        """The model's best predicted rate against lookup this step: none while its catch-up on
+        ``backlog`` sat-out tokens waits or does not pay, and with the catch-up spread over
+        ``horizon_tokens`` where it does. Rated without its catch-up, the model beat lookup's copy of
+        a summary's next words at every step while the catch-up kept it from drafting, and the
+        target wrote them alone (real pair, AMX VM: 8 steps of growing matches, nothing drafted).
+        Also says whether the model waits this step."""
+        k = max(range(max(1, self.k_min), self.k_max + 1), key=lambda n: (self.rate(n) or 0.0, -n), default=0)
+        rate = (self.rate(k) or 0.0) if k else 0.0
+        if rate <= 0.0 or backlog <= 0 or self.k_min > 0:
+            return rate, False
+        if self._wait(backlog, may_quote, k, count=False):
+            return 0.0, True
+        if not self._worth_catching_up(k, backlog):
+            return 0.0, False
+        return 1.0 / (1.0 / rate + self.catch_up_seconds(backlog) / self.horizon_tokens), False
 
     def catch_up_seconds(self, backlog: int) -> float:
         """Predicted seconds for the draft to read ``backlog`` tokens it sat out, in one batch: measured
@@ -349,7 +381,7 @@ class AdaptiveK:
             self._dirty = True
             self._cache.clear()
 
-    def _model_k(self, backlog: int = 0) -> int:
+    def _model_k(self, backlog: int = 0, may_quote: bool = False) -> int:
         """The model's K: the best predicted, a neighbour now and then, or a probe while it does not pay."""
         # the cost model is re-solved when a step brought news about drafting, and every few steps
         # otherwise (K = 0 steps only refine the one-row cost): solving it each step costs ~2% of a token
@@ -373,7 +405,11 @@ class AdaptiveK:
                 k = best - 1
         if best > 0:
             self._probe_gap = 0  # drafting pays: the next stop starts probing often again
-            if self.k_min == 0 and (not self._worth_catching_up(best, backlog) or self._alone_stale()):
+            if self.k_min == 0 and (
+                not self._worth_catching_up(best, backlog)
+                or self._alone_stale()
+                or self._wait(backlog, may_quote, best)
+            ):
                 return 0
         return k
 
@@ -390,6 +426,25 @@ class AdaptiveK:
         if not live:
             return self._observed >= self.explore_every
         return self._observed - live[-1][0] >= self.retime_alone
+
+    def _wait(self, backlog: int, may_quote: bool, k: int, count: bool = True) -> bool:
+        """Whether a long catch-up (a new reply's prompt) waits a step because the reply may quote its
+        context, and lookup then write it for free: over the reply's first ``wait_steps`` steps, and
+        within ``wait_steps`` of a lookup match of two or more tokens. The waiting of a reply is
+        bounded: the steps waited lose at most 1 / ``wait_catch_up`` of what the catch-up costs
+        (against drafting ``k``), so a reply that never quotes loses a quarter of a catch-up at worst
+        (``count``: this step waits, if it says so). On the real pair's edit prompt the draft read
+        the 400-token prompt (1.1 s, a third of the reply's decoding) and then drafted 6 of 160
+        tokens, lookup the rest; a step without the model loses 0.03 s there."""
+        if not may_quote:
+            return False
+        alone, drafting = self.rate(0), self.rate(k)
+        if not alone or not drafting or drafting <= alone:
+            return False
+        lost = (self._waited + 1) * (1.0 / alone - 1.0 / drafting)
+        wait = self.catch_up_seconds(backlog) > self.wait_catch_up * lost
+        self._waited += wait and count
+        return wait
 
     def _worth_catching_up(self, k: int, backlog: int) -> bool:
         """Whether drafting ``k`` saves, over the next ``horizon_tokens`` tokens, more than the draft's
