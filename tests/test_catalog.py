@@ -102,6 +102,12 @@ def test_files_the_catalog_no_longer_names_are_removed_and_others_kept(tmp_path,
     assert not retired.exists() and "retired.gguf" not in cat.Manifest(tmp_path).entries
     assert own.exists() and (tmp_path / "toy.gguf").exists() and (tmp_path / "toy-draft.gguf").exists()
     assert preparer.actions == ["removed retired.gguf"] and "no longer names it" in said[0]
+    replaced = tmp_path / "replaced.gguf"  # recorded once, then overwritten by the user: kept, entry dropped
+    replaced.write_bytes(b"old")
+    cat.Manifest(tmp_path).record(replaced, hashlib.sha256(b"old").hexdigest())
+    replaced.write_bytes(b"the user's new file")
+    Preparer(catalog, say=lambda _: None).prepare_pairs(["toy"])
+    assert replaced.exists() and "replaced.gguf" not in cat.Manifest(tmp_path).entries
 
 
 def test_a_bad_checksum_leaves_no_file_and_no_parts(tmp_path, fake_index) -> None:

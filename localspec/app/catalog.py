@@ -185,6 +185,14 @@ class Manifest:
     def record(self, file: Path, sha: str) -> None:
         stat = file.stat()
         self.entries[file.name] = {"sha256": sha, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        self._save()
+
+    def forget(self, name: str) -> None:
+        """Drop ``name``'s entry (its file is gone, or is no longer the one recorded)."""
+        if self.entries.pop(name, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.entries, indent=1, sort_keys=True))
         tmp.replace(self.path)
@@ -200,12 +208,6 @@ class Manifest:
     def sha(self, name: str) -> str | None:
         entry = self.entries.get(name)
         return entry["sha256"] if entry else None
-
-    def forget(self, name: str) -> None:
-        if self.entries.pop(name, None) is not None:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.entries, indent=1, sort_keys=True))
-            tmp.replace(self.path)
 
 
 # ----------------------------------------------------------------------
@@ -249,16 +251,17 @@ class Preparer:
 
     def remove_retired(self) -> None:
         """Delete the files localspec built that the catalog no longer names (a draft derived anew under
-        a new name left the 429 MB one before it behind). Only files in the manifest go: the manifest
-        records nothing but catalog files localspec built or checked, never a model the user put here."""
+        a new name left the 429 MB one before it behind). Only a file the manifest recorded goes, and
+        only while it is the very file recorded (same size and mtime): the manifest records nothing but
+        catalog files localspec built or checked, so a model the user put here is never touched."""
         for name in [name for name in self.manifest.entries if name not in self.catalog.files]:
             path = self.catalog.models_dir / name
-            size = path.stat().st_size if path.exists() else 0
-            path.unlink(missing_ok=True)
-            self.manifest.forget(name)
-            if size:
+            if self.manifest.unchanged(path):
+                size = path.stat().st_size
+                path.unlink()
                 self.say(f"{name}: removed ({size / 1e6:.0f} MB), the catalog no longer names it")
                 self.actions.append(f"removed {name}")
+            self.manifest.forget(name)
 
     def _needs_building(self, name: str) -> list[str]:
         """``name`` and what it is derived from, as far as they are missing or fail their checksum."""

@@ -316,7 +316,7 @@ class AdaptiveK:
         self._steps += 1
         if match is not None and match.length >= 2:
             self._quoted_step = self._steps
-        may_quote = self._steps - max(self._reply_start, self._quoted_step) <= self.wait_steps
+        may_quote = self.wait_steps > 0 and self._steps - max(self._reply_start, self._quoted_step) <= self.wait_steps
         plan = None
         if match is not None and self.lookup_max > 0:
             plan = self._lookup_plan(match, model, backlog, may_quote)
@@ -343,7 +343,8 @@ class AdaptiveK:
         model_rate, waits = self._model_rival(backlog, may_quote) if model else (0.0, False)
         if best <= max(alone, model_rate):
             return None
-        self._waited += waits  # the model sat this step out for lookup: part of the wait's budget
+        if waits:
+            self._waited += 1  # the model sat this step out for lookup: part of the wait's budget
         return Plan(LOOKUP, -k)
 
     def _model_rival(self, backlog: int, may_quote: bool) -> tuple[float, bool]:
@@ -432,10 +433,10 @@ class AdaptiveK:
         context, and lookup then write it for free: over the reply's first ``wait_steps`` steps, and
         within ``wait_steps`` of a lookup match of two or more tokens. The waiting of a reply is
         bounded: the steps waited lose at most 1 / ``wait_catch_up`` of what the catch-up costs
-        (against drafting ``k``), so a reply that never quotes loses a quarter of a catch-up at worst
-        (``count``: this step waits, if it says so). On the real pair's edit prompt the draft read
-        the 400-token prompt (1.1 s, a third of the reply's decoding) and then drafted 6 of 160
-        tokens, lookup the rest; a step without the model loses 0.03 s there."""
+        (against drafting ``k``), so a reply that never quotes loses that share of a catch-up at worst
+        (``count``: a True answer is counted as a step waited; False only asks). On the real pair's
+        edit prompt the draft read the 400-token prompt (1.1 s, a third of the reply's decoding) and
+        then drafted 6 of 160 tokens, lookup the rest; a step without the model loses 0.03 s there."""
         if not may_quote:
             return False
         alone, drafting = self.rate(0), self.rate(k)
@@ -443,7 +444,8 @@ class AdaptiveK:
             return False
         lost = (self._waited + 1) * (1.0 / alone - 1.0 / drafting)
         wait = self.catch_up_seconds(backlog) > self.wait_catch_up * lost
-        self._waited += wait and count
+        if wait and count:
+            self._waited += 1
         return wait
 
     def _worth_catching_up(self, k: int, backlog: int) -> bool:

@@ -280,9 +280,10 @@ class Weights:
     """A distribution kept unnormalised, ``p = w / total``: what the hot path passes around.
 
     Speculative rules mostly need *one* probability per row (``p(d)``, ``q(d)``)
-    and one draw; the normalised full row is only needed for a residual after
-    a rejection. ``prob(t)`` is bit-identical to ``probabilities(...)[t]``
-    (same division), so the rules decide exactly as on dense rows.
+    and one draw; a rejection's residual is another such row (:meth:`residual`),
+    and only the one-hot rule's residual needs a normalised full row. ``prob(t)``
+    is bit-identical to ``probabilities(...)[t]`` (same division), so the rules
+    decide exactly as on dense rows.
 
     Built by :meth:`of_logits`, the row is never written whole unless asked
     for (``w``, ``dense``): a probability recomputes the slice that holds its
@@ -316,10 +317,6 @@ class Weights:
         slices, slice by slice like :meth:`of_logits`, so a rejection writes no full row either (the
         dense rows, their difference and its cumulative sums were seven passes over 1.2 MB each at
         V = 151,936). Every element is the same operations on the same numbers as on the dense rows."""
-        if p._w is not None or q._w is not None or p.shape != q.shape:
-            row = np.subtract(p.dense(), q.dense())
-            np.maximum(row, 0.0, out=row)
-            return cls(row)
         self = cls.__new__(cls)
         self._w, self._dense, self._raw, self._parts = None, None, None, (p, q)
         self._sum_slices()
@@ -340,13 +337,11 @@ class Weights:
         """The weights from ``start``, one slice of them (read from the full row once it exists)."""
         if self._w is not None:
             return self._w[start : start + _SLICE]
-        if self._parts is not None:
+        if self._parts is not None:  # never in place on a part's own slice: it may be that part's full row
             p, q = self._parts
-            part = p._slice(start, out)
-            part /= p.total
-            q_part = q._slice(start)
-            q_part /= q.total
-            part -= q_part
+            p_part = p._slice(start, out)
+            part = np.divide(p_part, p.total, out=out[: p_part.shape[0]] if out is not None else None)
+            part -= q._slice(start) / q.total
             np.maximum(part, 0.0, out=part)
             return part
         raw = self._raw[start : start + _SLICE]
@@ -449,13 +444,17 @@ def prob_of(row, token: int) -> float:
     return row.prob(token) if isinstance(row, Weights) else float(row[token])
 
 
-def residual_of(p_row, q_row) -> Weights:
-    """``max(0, p - q)`` unnormalised, for dense rows or :class:`Weights` (sliced where both are)."""
-    if isinstance(p_row, Weights) and isinstance(q_row, Weights):
+def residual_of(p_row: np.ndarray | Weights, q_row: np.ndarray | Weights) -> Weights:
+    """``max(0, p - q)`` unnormalised, for dense rows or :class:`Weights` (in slices where both are)."""
+    if _sliced(p_row) and _sliced(q_row) and p_row.shape == q_row.shape:
         return Weights.residual(p_row, q_row)
     row = np.subtract(dense_of(p_row), dense_of(q_row))
     np.maximum(row, 0.0, out=row)
     return Weights(row)
+
+
+def _sliced(row) -> bool:
+    return isinstance(row, Weights) and row._w is None
 
 
 def dense_of(row) -> np.ndarray:

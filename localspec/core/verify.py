@@ -7,8 +7,9 @@ pass lazy sequences that compute a row only when the rule looks at it (greedy
 needs no softmax at all; rejection never looks past the first rejection).
 
 Rows may be dense probability arrays or :class:`~localspec.core.sampling.Weights`
-(unnormalised, the hot path): a rule reads single probabilities, and builds
-full normalised rows only for the residual after a rejection.
+(unnormalised, the hot path): a rule reads single probabilities; after a
+rejection, the rejection rule's residual is another unnormalised row, computed
+slice by slice, and only the one-hot rule's residual is a full normalised row.
 
 Every function returns a :class:`Verdict` with the number of accepted draft
 tokens, the one token the target emits after them (correction or bonus), and
