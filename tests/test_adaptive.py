@@ -202,7 +202,7 @@ class CountingLM(ToyLM):
         super().__init__(*args, **kwargs)
         self.calls = 0
 
-    def extend(self, tokens, n_logits):
+    def extend(self, tokens, n_logits, borrow=False):
         self.calls += 1
         return super().extend(tokens, n_logits)
 
@@ -276,7 +276,8 @@ def test_weights_give_bit_identical_probabilities() -> None:
         dense = probabilities(logits, params, history)
         w = weights(logits, params, history)
         assert isinstance(w, Weights)
-        for token in (int(np.argmax(dense)), 5, 12345, 40_000):  # both slices of the hot path
+        tokens = [int(np.argmax(dense)), 5, 12345, 32_767, 32_768, 40_000, *rng.integers(0, 49_152, 300)]
+        for token in tokens:  # both slices of the hot path; one element computed alone
             assert w.prob(token) == dense[token]  # exactly, not approximately
         assert np.array_equal(w.dense(), dense)
 
@@ -297,7 +298,7 @@ def test_sliced_residual_equals_the_dense_residual_element_for_element() -> None
     dense = np.maximum(p.dense() - q.dense(), 0.0)
     assert np.array_equal(residual_row, dense)
     assert residual.total == pytest.approx(dense.sum(), rel=1e-12)
-    for token in (0, 32_767, 32_768, int(np.argmax(dense)), vocab - 1):
+    for token in (0, 32_767, 32_768, int(np.argmax(dense)), vocab - 1, *rng.integers(0, vocab, 300)):
         assert residual.prob(token) == dense[token] / residual.total
     drawn = {residual.sample(rng) for _ in range(200)}
     assert all(dense[t] > 0 for t in drawn)  # never a token where q covers p
@@ -396,7 +397,7 @@ class ClockedLM(ToyLM):
         self.cost = cost
         self.clock = 0.0
 
-    def extend(self, tokens, n_logits):
+    def extend(self, tokens, n_logits, borrow=False):
         self.clock += self.cost(len(tokens))
         return super().extend(tokens, n_logits)
 

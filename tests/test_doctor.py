@@ -24,7 +24,7 @@ class BatchSensitiveLM(ToyLM):
         self.settings, self.breaks, self.min_rows = settings, breaks, min_rows
         self.closed = False
 
-    def extend(self, tokens, n_logits):
+    def extend(self, tokens, n_logits, borrow=False):
         rows = super().extend(tokens, n_logits)
         if len(tokens) >= self.min_rows and any(self.settings.get(name, False) for name in self.breaks):
             rows = rows + np.float32(1e-3)

@@ -170,7 +170,7 @@ def test_smaller_draft_vocabulary_is_padded_exactly(mode: str, accept) -> None:
 class StrictToyLM(ToyLM):
     """A target that refuses token ids outside its vocabulary, as llama.cpp does."""
 
-    def extend(self, tokens, n_logits):
+    def extend(self, tokens, n_logits, borrow=False):
         bad = [t for t in tokens if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary ({self.vocab_size})")

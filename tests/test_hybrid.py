@@ -543,7 +543,7 @@ def test_a_copy_that_starts_inside_a_token_is_tokenized_afresh() -> None:
 class TimedLM(ToyLM):
     """A toy whose every extend costs 10 ms plus 1 ms per token, on its decode clock."""
 
-    def extend(self, tokens, n_logits):
+    def extend(self, tokens, n_logits, borrow=False):
         self._clock = getattr(self, "_clock", 0.0) + 0.010 + 0.001 * len(tokens)
         return super().extend(tokens, n_logits)
 

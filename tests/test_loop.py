@@ -145,7 +145,10 @@ def test_statuses_follow_the_verdicts() -> None:
     expected: list[TokenStatus] = []
     for step in steps:
         expected += [TokenStatus.ACCEPTED] * step.n_accepted
-        expected.append(TokenStatus.BONUS if step.bonus else TokenStatus.CORRECTED)
+        if not step.drafted:  # the reply's last token: no room left to draft
+            expected.append(TokenStatus.TARGET)
+        else:
+            expected.append(TokenStatus.BONUS if step.bonus else TokenStatus.CORRECTED)
     assert [t.status for t in tokens] == expected == result.statuses
     assert {TokenStatus.ACCEPTED, TokenStatus.CORRECTED, TokenStatus.BONUS} <= set(expected)
     assert [t.index for t in tokens] == list(range(len(tokens)))

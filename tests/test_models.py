@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from localspec.app.templates import Message, build_messages
-from localspec.core.model import common_prefix_length
+from localspec.core.model import common_prefix_length, sync_cache
 from localspec.core.modes import make_mode
-from localspec.core.sampling import SamplingParams
+from localspec.core.sampling import SamplingParams, weights
 from localspec.core.text import ReplyText
 from localspec.llama.model import LlamaModel
 
@@ -132,6 +132,40 @@ def test_draft_rollback_leaves_no_stale_entries(engines, demo_paths) -> None:
     finally:
         fresh.close()
     assert np.array_equal(proposal.logits[0], reference)
+
+
+def test_borrowed_rows_are_llama_cpps_buffer_and_a_draft_keeps_copies(engines, demo_paths) -> None:
+    """Verification reads the target's rows in llama.cpp's output buffer (``borrow``), which its next
+    decode overwrites; so the draft copies every borrowed row it keeps. After a four-token proposal
+    (three more decodes), each kept row and each q it was drawn from must still be that row's."""
+    engine = engines["q4_0"]
+    target = engine.target
+    prompt = engine.encode_raw(RAW_PROMPTS[3]).tokens
+    sync_cache(target, prompt[:-1])
+    borrowed = target.extend([prompt[-1], 11, 12], 3, borrow=True)
+    assert not borrowed.flags.writeable  # llama.cpp's buffer, not ours to change
+    copied = np.array(borrowed)
+    target.truncate(len(prompt) - 1)
+    assert np.array_equal(copied, target.extend([prompt[-1], 11, 12], 3))
+    target.truncate(len(prompt) - 1)
+    target.extend([prompt[-1], 13, 14], 3, borrow=True)
+    assert not np.array_equal(borrowed, copied)  # the next decode wrote over the borrowed rows
+    target.truncate(len(prompt) - 1)
+
+    params = SamplingParams(temperature=0.8)
+    mode = make_mode("rejection", params, np.random.default_rng(4), engine.drafter.vocab_size)
+    proposal = engine.drafter.propose(prompt, 4, mode)
+    assert len(proposal.tokens) == 4
+    fresh = LlamaModel(demo_paths[2], engine.settings, role="draft")
+    try:
+        for i, token in enumerate(proposal.tokens):
+            fresh.reset()
+            row = fresh.extend(prompt + proposal.tokens[:i], 1)[0]
+            assert np.array_equal(proposal.logits[i], row), i
+            assert proposal.q_rows[i].prob(token) == weights(row, params).prob(token), i
+            assert np.array_equal(proposal.q_rows[i].dense(), weights(row, params).dense()), i
+    finally:
+        fresh.close()
 
 
 def test_second_turn_evaluates_only_new_tokens(engines, demo_paths) -> None:

@@ -23,12 +23,17 @@ from localspec.core.sampling import (
     sample_index,
 )
 from localspec.core.verify import (
+    RESIDUAL_DRAWS,
+    _residual,
     acceptance_rate,
+    draw_from_residual,
     verify_onehot,
     verify_picks,
     verify_rejection,
     verify_token_match,
 )
+
+from .stats import chi_square
 
 
 class AlwaysReject:
@@ -39,27 +44,30 @@ class AlwaysReject:
 
 
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """The distribution ``verify_rejection`` draws its correction from, captured at its ``sample_index`` call.
+    """The distribution ``verify_rejection`` draws its correction from, captured at its last ``sample_index``
+    call.
 
     The draft token is the one q favours most over p, so a rejection is possible; ``AlwaysReject`` makes it
-    happen. What is tested is the production code's residual, not a formula restated here.
+    happen. The draws from p that a rejection tries first (``draw_from_residual``) all come back as that
+    token, where p - q < 0, so none is kept and the residual row is computed and drawn from. What is
+    tested is the production code's residual, not a formula restated here.
     """
     from unittest import mock
 
     import localspec.core.verify as verify
 
     captured: list[np.ndarray] = []
+    token = int(np.argmax(q - p))
 
     def capture(row, rng):
         row = np.asarray(row, dtype=np.float64)
         captured.append(row / row.sum())
-        return 0
+        return token
 
-    token = int(np.argmax(q - p))
     with mock.patch.object(verify, "sample_index", capture):
         verdict = verify_rejection([token], [q], [p, p], AlwaysReject())
-    assert verdict.n_accepted == 0 and len(captured) == 1
-    return captured[0]
+    assert verdict.n_accepted == 0 and len(captured) == verify.RESIDUAL_DRAWS + 1
+    return captured[-1]
 
 
 def decomposes(p: np.ndarray, q: np.ndarray, residual_row: np.ndarray | None = None) -> bool:
@@ -150,7 +158,7 @@ def test_rejection_emits_residual_token_never_a_token_where_q_dominates() -> Non
         v = verify_rejection([1], [q], [p, p], rng)
         if v.n_accepted == 0:
             assert v.token == 0  # p - q > 0 only at token 0
-            assert v.residual_mass == pytest.approx(0.6)
+            assert v.residual_mass is None or v.residual_mass == pytest.approx(0.6)  # known where computed
 
 
 def test_verdict_details_are_complete() -> None:
@@ -360,3 +368,45 @@ def test_log_weights_argmax_matches_probabilities(case) -> None:
     assert p[np.argmax(w)] == p.max()  # (exp may round distinct weights to equal probabilities)
     assert (p[np.isneginf(w)] == 0).all()  # a removed token never gets probability
     assert np.isfinite(w[p > 0]).all()  # (the converse fails only by float underflow: exp(-760) == 0)
+
+
+def _residual_draws(p_row, q_row, n: int, seed: int, draw=None) -> np.ndarray:
+    draw = draw or draw_from_residual
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(len(np.asarray(p_row)))
+    computed = 0
+    for _ in range(n):
+        token, mass = draw(p_row, lambda t: float(np.asarray(q_row)[t]), rng, lambda: _residual(p_row, q_row))
+        counts[token] += 1
+        computed += mass is not None
+    return counts, computed
+
+
+@pytest.mark.parametrize("case", ["large residual", "small residual", "one-hot q"])
+def test_a_rejection_draws_from_the_residual_exactly(case: str) -> None:
+    """A rejection draws from p and keeps x with probability max(0, p - q)(x) / p(x), computing the
+    residual only after RESIDUAL_DRAWS draws kept nothing: the token's law must be the residual's
+    (chi-square at 1e-6, 40,000 draws), both when draws are mostly kept and when the residual has
+    little mass and is mostly computed; the negative control keeps the first draw (law p) and fails."""
+    rng = np.random.default_rng(3)
+    p = probabilities((rng.standard_normal(40) * 2).astype(np.float32), SamplingParams(temperature=0.8))
+    if case == "large residual":
+        q = probabilities((rng.standard_normal(40) * 2).astype(np.float32), SamplingParams(temperature=0.8))
+    elif case == "small residual":
+        q = 0.97 * p + 0.03 * np.roll(p, 1)
+    else:
+        q = np.zeros(40)
+        q[int(np.argmax(p))] = 1.0
+    exact = np.maximum(p - q, 0.0)
+    mass = exact.sum()
+    counts, computed = _residual_draws(p, q, 40_000, seed=5)
+    result = chi_square(counts, exact / mass)
+    assert result.passed, f"{case}: {result}"
+    kept_all = (1 - mass) ** RESIDUAL_DRAWS  # the chance that no draw is kept
+    assert computed / 40_000 == pytest.approx(kept_all, abs=0.01), case  # the fallback ran as often as it should
+
+    def first_draw(p_row, q_prob, rng, residual):  # the bug: every draw kept, so the law is p's
+        return sample_index(p_row, rng), None
+
+    broken, _ = _residual_draws(p, q, 40_000, seed=5, draw=first_draw)
+    assert not chi_square(broken, exact / mass).passed, case

@@ -63,7 +63,7 @@ class ToyLM:
     def decode_seconds(self) -> float:
         return 0.0
 
-    def extend(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    def extend(self, tokens: Sequence[int], n_logits: int, borrow: bool = False) -> np.ndarray:
         if len(self.cache) + len(tokens) > self._context_size:
             raise RuntimeError("toy context overflow")
         self.cache.extend(int(t) for t in tokens)

@@ -168,9 +168,12 @@ class AdaptiveK:
         the median of its recent measurements, else the fitted line. A size's own samples never age
         out by the clock: a long stretch of one-row steps (nothing pays) says nothing new about what
         8 rows cost, and forgetting it would hand the choice back to the line."""
+        return self._memo(("verify", rows), lambda: self._measured_verify_seconds(rows))
+
+    def _measured_verify_seconds(self, rows: int) -> float | None:
         samples = self._samples(rows)
         if samples:
-            return self._memo(("median", rows), lambda: statistics.median(t for _, t in samples))
+            return statistics.median(t for _, t in samples)
         return self._fitted_verify_seconds(rows)
 
     def _samples(self, rows: int) -> list[tuple[int, float]]:
@@ -252,6 +255,9 @@ class AdaptiveK:
         return low + (high - low) * (rows - below) / (above - below)
 
     def step_seconds(self, k: int, source: str = MODEL) -> float | None:
+        return self._memo(("step", k, source), lambda: self._step_seconds(k, source))
+
+    def _step_seconds(self, k: int, source: str) -> float | None:
         verify = self._optimistic_verify_seconds(k + 1) if source == LOOKUP else self.verify_seconds(k + 1)
         if verify is None:
             return None

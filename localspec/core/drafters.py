@@ -18,6 +18,7 @@ import numpy as np
 from localspec.core.edits import ReplyEdits
 from localspec.core.model import LanguageModel, Vocabulary, common_prefix_length
 from localspec.core.modes import Draft, Mode
+from localspec.core.sampling import Weights
 
 MODEL = "model"  # a proposal sampled from the draft model (q rows: the q-rule)
 LOOKUP = "lookup"  # a proposal copied from the context (deterministic: the one-hot rule)
@@ -98,11 +99,12 @@ class ModelDrafter:
         draft = Draft(tokens=[], q_rows=[], logits=[], source=MODEL)
         if k <= 0:
             return draft
-        logits = self._catch_up(context)
+        borrowed = self._catch_up(context)
         position = len(context)
         for i in range(k):
             history = mode.history(context, draft.tokens, i)
-            token, q = mode.pick_draft(logits, history, position + i)
+            token, q = mode.pick_draft(borrowed, history, position + i)
+            logits = _kept(borrowed, q)
             draft.tokens.append(token)
             draft.logits.append(logits)
             if q is None:
@@ -110,11 +112,12 @@ class ModelDrafter:
             elif draft.q_rows is not None:
                 draft.q_rows.append(q)
             if i + 1 < k:
-                logits = self.model.extend([token], 1)[0]
+                borrowed = self.model.extend([token], 1, borrow=True)[0]
         return draft
 
     def _catch_up(self, context: Sequence[int]) -> np.ndarray:
-        """Evaluate what the cache misses of ``context`` in ONE batch; return the last row's logits.
+        """Evaluate what the cache misses of ``context`` in ONE batch; return the last row's logits
+        (borrowed: valid until the draft's next decode).
 
         After a fully accepted step the draft lacks ``d_K`` *and* the bonus
         token: one batch of two costs much less than two sequential decodes
@@ -127,7 +130,7 @@ class ModelDrafter:
             self.model.truncate(keep)
         started = self.model.decode_seconds
         missing = len(context) - keep
-        logits = self.model.extend(context[keep:], 1)[0]
+        logits = self.model.extend(context[keep:], 1, borrow=True)[0]
         elapsed = self.model.decode_seconds - started
         # d_K and the bonus token are the usual catch-up, part of what drafting costs; beyond that the
         # draft reads context it never saw (the prompt, or steps it sat out): only the excess is one-off
@@ -234,3 +237,14 @@ class HybridDrafter:
 
     def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
         return self.drafter.propose(context, k, mode)
+
+
+def _kept(borrowed: np.ndarray, q) -> np.ndarray:
+    """A copy of a borrowed draft row, which the draft's next decode overwrites, for the step to keep
+    (``q`` reads it again for ``q(d)`` and a rejection's residual). Copied after the pick read the whole
+    row, so it comes from the core's cache: copied straight after the decode it came from memory, at
+    twice what sampling q cost over it."""
+    kept = np.array(borrowed)
+    if isinstance(q, Weights):
+        q.rebind(borrowed, kept)
+    return kept

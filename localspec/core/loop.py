@@ -291,9 +291,9 @@ class SpeculativeDecoder:
             draft = drafter.propose(context, k, mode) if k > 0 else Draft()
         draft = _up_to_first_unscorable(draft, self.target.vocab_size)
         draft_s = _decode_seconds(request.draft_model) - draft_t0
-        # 2. the target scores [last committed, d_1 .. d_k] in one batch
+        # 2. the target scores [last committed, d_1 .. d_k] in one batch (rows borrowed: read within this step)
         scored = [t for t in draft.tokens if t < self.target.vocab_size]  # all, or all but a doomed last one
-        target_logits = self.target.extend([context[-1], *scored], len(scored) + 1)
+        target_logits = self.target.extend([context[-1], *scored], len(scored) + 1, borrow=True)
         # 3. the mode's rule accepts n drafts and picks one more token
         verdict = mode.verify(draft, target_logits, context)
         # 4. roll the target back to the committed tokens (the draft catches up next step)

@@ -40,10 +40,13 @@ class LanguageModel(Protocol):
     def decode_seconds(self) -> float:
         """Cumulative seconds spent inside the model (for the draft/verify/other split)."""
 
-    def extend(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    def extend(self, tokens: Sequence[int], n_logits: int, borrow: bool = False) -> np.ndarray:
         """Append ``tokens`` to the cache; return logits of the last ``n_logits`` of them.
 
-        Shape ``(n_logits, vocab_size)``. Only those rows are computed.
+        Shape ``(n_logits, vocab_size)``. Only those rows are computed. With ``borrow`` the rows may be
+        the model's own read-only output buffer, valid only until its next ``extend`` or ``reset``: the
+        target's verification rows are read once, within their step, and copying them cost more than a
+        step's sampling arithmetic (a 600 KB row at V = 151,936 comes from memory after a decode).
         """
 
     def truncate(self, n_keep: int) -> None:

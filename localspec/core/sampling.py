@@ -311,6 +311,12 @@ class Weights:
         self._sum_slices()
         return self
 
+    def rebind(self, raw: np.ndarray, copy: np.ndarray) -> None:
+        """Read ``copy`` from now on wherever this row read ``raw`` (an equal copy of it), so the buffer
+        ``raw`` lives in may be reused: a draft row borrowed from llama.cpp's output buffer."""
+        if self._raw is raw:
+            self._raw = copy
+
     @classmethod
     def residual(cls, p: "Weights", q: "Weights") -> "Weights":
         """``max(0, p / p.total - q / q.total)``, unnormalised (DESIGN §2's residual): with both rows in
@@ -333,18 +339,21 @@ class Weights:
             raise SamplingError("cannot sample from a distribution with zero total mass")
         self.total = total
 
-    def _slice(self, start: int, out: np.ndarray | None = None) -> np.ndarray:
-        """The weights from ``start``, one slice of them (read from the full row once it exists)."""
+    def _slice(self, start: int, out: np.ndarray | None = None, size: int = _SLICE) -> np.ndarray:
+        """The weights from ``start``, ``size`` of them (read from the full row once it exists). A token's
+        probability asks for one element: numpy's exp gives an element the same bits alone as inside a
+        slice (its vector loop masks the tail; the tests compare every path), and that one element
+        costs 2 us where its slice cost 50."""
         if self._w is not None:
-            return self._w[start : start + _SLICE]
+            return self._w[start : start + size]
         if self._parts is not None:  # never in place on a part's own slice: it may be that part's full row
             p, q = self._parts
-            p_part = p._slice(start, out)
+            p_part = p._slice(start, out, size)
             part = np.divide(p_part, p.total, out=out[: p_part.shape[0]] if out is not None else None)
-            part -= q._slice(start) / q.total
+            part -= q._slice(start, None, size) / q.total
             np.maximum(part, 0.0, out=part)
             return part
-        raw = self._raw[start : start + _SLICE]
+        raw = self._raw[start : start + size]
         part = (out if out is not None else np.empty(raw.shape[0]))[: raw.shape[0]]
         np.subtract(raw, self._best, out=part, dtype=np.float64)
         part *= self._scale
@@ -370,8 +379,7 @@ class Weights:
     def prob(self, token: int) -> float:
         if self._w is not None:
             return float(self._w[token] / self.total)
-        start = token - token % _SLICE
-        return float(self._slice(start)[token - start] / self.total)
+        return float(self._slice(token, size=1)[0] / self.total)
 
     def top(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``n`` most likely tokens, most likely first, and their probabilities (as ``prob`` gives

@@ -8,8 +8,10 @@ needs no softmax at all; rejection never looks past the first rejection).
 
 Rows may be dense probability arrays or :class:`~localspec.core.sampling.Weights`
 (unnormalised, the hot path): a rule reads single probabilities; after a
-rejection, the rejection rule's residual is another unnormalised row, computed
-slice by slice, and only the one-hot rule's residual is a full normalised row.
+rejection, the token is drawn from ``p`` and kept with the residual's share of
+it (:func:`draw_from_residual`), and only where a few draws keep nothing is the
+residual computed: for the rejection rule another unnormalised row, slice by
+slice, for the one-hot rule a full normalised row.
 
 Every function returns a :class:`Verdict` with the number of accepted draft
 tokens, the one token the target emits after them (correction or bonus), and
@@ -19,11 +21,14 @@ one :class:`DraftCheck` per examined draft token for traces and the UI.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from localspec.core.sampling import dense_of, prob_of, residual_of, sample_index
+from localspec.core.sampling import Weights, dense_of, prob_of, residual_of, sample_index
+
+#: Draws from ``p`` a rejection tries before it computes its residual (see :func:`draw_from_residual`).
+RESIDUAL_DRAWS = 4
 
 
 @dataclass
@@ -76,8 +81,8 @@ def verify_rejection(
         accepted = u < accept_prob
         checks.append(DraftCheck(token, p_tok, q_tok, accept_prob, u, accepted))
         if not accepted:
-            residual = residual_of(p_row, q_row)
-            return Verdict(i, sample_index(residual, rng), False, checks, residual_mass=residual.total)
+            token, mass = draw_from_residual(p_row, lambda t: prob_of(q_row, t), rng, lambda: _residual(p_row, q_row))
+            return Verdict(i, token, False, checks, residual_mass=mass)
     return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
 
 
@@ -100,10 +105,49 @@ def verify_onehot(
         accepted = u < p_tok
         checks.append(DraftCheck(token, p_tok, 1.0, p_tok, u, accepted))
         if not accepted:
-            residual = np.array(dense_of(p_row), dtype=np.float64)  # a copy: rows may be shared
-            residual[token] = 0.0
-            return Verdict(i, sample_index(residual, rng), False, checks, residual_mass=1.0 - p_tok)
+            drafted = token
+            token, mass = draw_from_residual(p_row, lambda t: float(t == drafted), rng, lambda: _without(p_row, drafted))
+            return Verdict(i, token, False, checks, residual_mass=mass)
     return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
+
+
+def draw_from_residual(
+    p_row: np.ndarray | Weights,
+    q_prob: Callable[[int], float],
+    rng: np.random.Generator,
+    residual: Callable[[], tuple[np.ndarray | Weights, float]],
+) -> tuple[int, float | None]:
+    """A draw from ``normalize(max(0, p - q))`` after a rejection, and that residual's mass where it was
+    computed (None where it was not).
+
+    A token ``x`` drawn from ``p`` is kept with probability ``max(0, p(x) - q(x)) / p(x)``, so each
+    draw keeps ``x`` with probability ``max(0, p(x) - q(x))``: a kept draw has the residual's law
+    exactly. The residual's mass is the chance a draw is kept, and a rejection is most likely where
+    it is large, so most rejections keep one of their first two or three draws, each a draw from
+    ``p`` and two probabilities; computing the residual passes over both rows of 151,936 tokens
+    (0.9 ms on the real pair). After :data:`RESIDUAL_DRAWS` draws kept nothing (a residual of little
+    mass) the residual is computed and drawn from; either way the token has the residual's law.
+    """
+    for _ in range(RESIDUAL_DRAWS):
+        x = sample_index(p_row, rng)
+        p_x = prob_of(p_row, x)
+        if rng.random() * p_x < p_x - q_prob(x):
+            return x, None
+    row, mass = residual()
+    return sample_index(row, rng), mass
+
+
+def _residual(p_row, q_row) -> tuple[Weights, float]:
+    row = residual_of(p_row, q_row)
+    return row, row.total
+
+
+def _without(p_row, token: int) -> tuple[np.ndarray, float]:
+    """The one-hot rule's residual: ``p`` with the drafted ``token`` removed (unnormalised)."""
+    row = np.array(dense_of(p_row), dtype=np.float64)  # a copy: rows may be shared
+    mass = 1.0 - float(row[token])
+    row[token] = 0.0
+    return row, mass
 
 
 def verify_picks(draft: Sequence[int], target_picks: Sequence[int]) -> Verdict:

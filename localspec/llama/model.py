@@ -218,8 +218,10 @@ class LlamaModel:
         """Seconds spent inside ``llama_decode`` and ``llama_memory_seq_rm`` (not logits copies or Python)."""
         return self._decode_s
 
-    def extend(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
-        """Evaluate ``tokens`` after the cache; return logits (float32) of the last ``n_logits``."""
+    def extend(self, tokens: Sequence[int], n_logits: int, borrow: bool = False) -> np.ndarray:
+        """Evaluate ``tokens`` after the cache; return logits (float32) of the last ``n_logits``: a copy, or
+        with ``borrow`` llama.cpp's own output rows where one decode wrote them all (read-only, valid
+        until the next decode of this model)."""
         tokens = [int(t) for t in tokens]
         n = len(tokens)
         if n_logits > n:
@@ -232,19 +234,25 @@ class LlamaModel:
         bad = [t for t in tokens if not 0 <= t < self._n_vocab]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.name} ({self._n_vocab})")
-        out = np.empty((n_logits, self._n_vocab), dtype=np.float32)
         first_logit = n - n_logits
         chunk = self.rows_per_decode
+        borrowed = borrow and n_logits > 0 and first_logit // chunk == (n - 1) // chunk  # one decode writes them all
+        out = None if borrowed else np.empty((n_logits, self._n_vocab), dtype=np.float32)
         with self._lock:
             for start in range(0, n, chunk):
                 part = tokens[start : start + chunk]
                 self._decode(part, start, first_logit)
                 rows = start + len(part) - max(start, first_logit)
                 if rows > 0:
-                    # the requested rows are contiguous in llama.cpp's output buffer: one copy
+                    # the requested rows are contiguous in llama.cpp's output buffer
                     ptr = C.llama_get_logits_ith(self._ctx, max(start, first_logit) - start)
-                    dst = max(start, first_logit) - first_logit
-                    out[dst : dst + rows] = _floats_at(ptr, rows * self._n_vocab).reshape(rows, self._n_vocab)
+                    found = _floats_at(ptr, rows * self._n_vocab).reshape(rows, self._n_vocab)
+                    if borrowed:
+                        found.flags.writeable = False
+                        out = found
+                    else:
+                        dst = max(start, first_logit) - first_logit
+                        out[dst : dst + rows] = found
                 self._tokens.extend(part)
         self.n_evaluated += n
         return out
