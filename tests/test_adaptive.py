@@ -606,3 +606,43 @@ def test_a_long_catch_up_waits_out_a_new_replys_first_steps(backlog: int, wait_s
         assert ks[:4] == [0, 0, 0, 0] and ks[4] > 0, ks
     else:
         assert ks[0] > 0, ks
+
+
+@pytest.mark.parametrize("quoted, catches_up", [(True, False), (False, True)])
+def test_copies_that_outrun_the_model_leave_its_catch_up_waiting(quoted: bool, catches_up: bool) -> None:
+    """While a new reply's long catch-up waits for a quote, a lookup step counts toward the wait's budget
+    only what its copy is predicted to fall short of the model. An edit reply's copies of a quote
+    (matches of 32 tokens, 97 % kept) outrun the model, so the coincidental matches after 20 of them
+    find the budget whole; counted as a step waited each, the copies used it up (here the model
+    caught up at the second step after the quote; on the real pair it read the edit's prompt, 1.2 s,
+    at its 16th step). Coincidental matches all along (2 tokens, 30 %
+    kept) fall short of the model: the budget runs out and the model catches up."""
+    from localspec.core.drafters import LOOKUP, Match
+
+    controller = AdaptiveK(0, 8)
+    controller.seed(Costs({n: gpu_verify(n) for n in (1, 2, 4, 8, 16)}, 0.002))
+    rng = np.random.default_rng(3)
+    run_costed(controller, 0.9, 0.002, gpu_verify, 200, rng)
+    controller.observe(4, 4, 4, 0.2 + 0.008, gpu_verify(5), 1e-4, catch_up_s=0.2, backlog=100)  # 2 ms a token
+    controller.new_reply()
+    quote, coincidence = Match(0, 32, (0,) * 40), Match(0, 2, (0,) * 40)
+    sources = []
+    for step in range(40):
+        match = quote if quoted and step < 20 else coincidence
+        alpha = 0.97 if match is quote else 0.3
+        plan = controller.choose(match, backlog=100)
+        sources.append(plan.source)
+        if plan.source == MODEL:
+            break
+        accepted = 0
+        while accepted < plan.k and rng.random() < alpha:
+            accepted += 1
+        examined = accepted + (accepted < plan.k)
+        controller.observe(plan.k, accepted, examined, 0.0, gpu_verify(plan.k + 1), 1e-4 * (plan.k + 1), plan.source or MODEL)
+        controller.observe_match(match.length, accepted if plan.source == LOOKUP else int(rng.random() < alpha),
+                                 examined if plan.source == LOOKUP else 1)  # fmt: skip
+    if catches_up:
+        assert MODEL in sources and sources.count(LOOKUP) >= 5, sources  # bounded: waited a while, then read
+    else:
+        # the quote used none of the budget: the coincidences after it wait as a reply's first ones would
+        assert sources[:20] == [LOOKUP] * 20 and MODEL not in sources[:26], sources

@@ -132,7 +132,7 @@ class AdaptiveK:
     _model_step: int = 0  # the last step the model drafted
     _reply_start: int = 0  # the step the current reply began at
     _quoted_step: int = -1_000_000  # the last step lookup had a match of two or more tokens
-    _waited: int = 0  # steps of the current reply that a catch-up waited out (see _wait)
+    _waited_s: float = 0.0  # seconds the current reply lost while a catch-up waited (see _wait)
     # set when the draft's cost per token should be timed again (a one-token decode, no catch-up): while
     # the costs rule drafting out, only a change of costs could bring it back, and that is all a probe
     # that drafted would find out, at the price of the draft reading everything it sat out
@@ -278,7 +278,7 @@ class AdaptiveK:
         reply quotes nothing, a summary phrases, an edit a whole function): the new reply's own
         comparisons soon outweigh the last reply's, while a bin seen often keeps its direction."""
         self._reply_start = self._steps
-        self._waited = 0
+        self._waited_s = 0.0
         for counts in self._lookup.values():
             counts[0] *= self.reply_carry
             counts[1] *= self.reply_carry
@@ -346,29 +346,30 @@ class AdaptiveK:
         expected = self.lookup_expected(match.length, ks[-1])
         best, k = max((expected[n - 1] / self.step_seconds(n, LOOKUP), -n) for n in ks)
         alone = (self.rate(0) or 0.0) if not model or self.k_min == 0 else 0.0
-        model_rate, waits = self._model_rival(backlog, may_quote) if model else (0.0, False)
+        model_rate, waits, waiting = self._model_rival(backlog, may_quote) if model else (0.0, False, 0.0)
         if best <= max(alone, model_rate):
             return None
-        if waits:
-            self._waited += 1  # the model sat this step out for lookup: part of the wait's budget
+        if waits and best < waiting:  # the model sat this step out for a copy it would have outrun
+            self._waited_s += expected[-k - 1] * (1.0 / best - 1.0 / waiting)
         return Plan(LOOKUP, -k)
 
-    def _model_rival(self, backlog: int, may_quote: bool) -> tuple[float, bool]:
+    def _model_rival(self, backlog: int, may_quote: bool) -> tuple[float, bool, float]:
         """The model's best predicted rate against lookup this step: none while its catch-up on
         ``backlog`` sat-out tokens waits or does not pay, and with the catch-up spread over
         ``horizon_tokens`` where it does. Rated without its catch-up, the model beat lookup's copy of
         a summary's next words at every step while the catch-up kept it from drafting, and the
         target wrote them alone (real pair, AMX VM: 8 steps of growing matches, nothing drafted).
-        Also says whether the model waits this step."""
+        Also says whether the model waits this step, and its rate once caught up (what a lookup step
+        taken while it waits is weighed against)."""
         k = max(range(max(1, self.k_min), self.k_max + 1), key=lambda n: (self.rate(n) or 0.0, -n), default=0)
         rate = (self.rate(k) or 0.0) if k else 0.0
         if rate <= 0.0 or backlog <= 0 or self.k_min > 0:
-            return rate, False
+            return rate, False, rate
         if self._wait(backlog, may_quote, k, count=False):
-            return 0.0, True
+            return 0.0, True, rate
         if not self._worth_catching_up(k, backlog):
-            return 0.0, False
-        return 1.0 / (1.0 / rate + self.catch_up_seconds(backlog) / self.horizon_tokens), False
+            return 0.0, False, rate
+        return 1.0 / (1.0 / rate + self.catch_up_seconds(backlog) / self.horizon_tokens), False, rate
 
     def catch_up_seconds(self, backlog: int) -> float:
         """Predicted seconds for the draft to read ``backlog`` tokens it sat out, in one batch: measured
@@ -442,16 +443,20 @@ class AdaptiveK:
         (against drafting ``k``), so a reply that never quotes loses that share of a catch-up at worst
         (``count``: a True answer is counted as a step waited; False only asks). On the real pair's
         edit prompt the draft read the 400-token prompt (1.1 s, a third of the reply's decoding) and
-        then drafted 6 of 160 tokens, lookup the rest; a step without the model loses 0.03 s there."""
+        then drafted 6 of 160 tokens, lookup the rest; a step without the model loses 0.03 s there.
+        A step of the target alone loses one token's difference; a lookup step taken while the model
+        waits loses what its copy is predicted to fall short of the model (``_lookup_plan``), nothing
+        where it outruns it: counted as a whole step each, an edit reply's fifteen short copies used
+        up the budget and the model read the prompt at its 16th step (1.2 s, then 2 of its tokens)."""
         if not may_quote:
             return False
         alone, drafting = self.rate(0), self.rate(k)
         if not alone or not drafting or drafting <= alone:
             return False
-        lost = (self._waited + 1) * (1.0 / alone - 1.0 / drafting)
-        wait = self.catch_up_seconds(backlog) > self.wait_catch_up * lost
+        step_lost = 1.0 / alone - 1.0 / drafting
+        wait = self.catch_up_seconds(backlog) > self.wait_catch_up * (self._waited_s + step_lost)
         if wait and count:
-            self._waited += 1
+            self._waited_s += step_lost
         return wait
 
     def _worth_catching_up(self, k: int, backlog: int) -> bool:
