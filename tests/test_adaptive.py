@@ -290,16 +290,21 @@ def test_sliced_residual_equals_the_dense_residual_element_for_element() -> None
     rng = np.random.default_rng(11)
     vocab = 151_936
     params = SamplingParams(temperature=0.7)
-    p = weights((rng.standard_normal(vocab) * 3).astype(np.float32), params)
-    q = weights((rng.standard_normal(vocab) * 3).astype(np.float32), params)
+    p_logits, q_logits = ((rng.standard_normal(vocab) * 3).astype(np.float32) for _ in range(2))
+    p, q = weights(p_logits, params), weights(q_logits, params)
     residual = residual_of(p, q)
     assert residual._parts is not None  # in slices: neither row was written whole
+    probes = [0, 32_767, 32_768, vocab - 1, *rng.integers(0, vocab, 300)]
+    sliced = [residual.prob(int(token)) for token in probes]  # one element each, before any full row exists
+    assert residual._w is None and p._w is None and q._w is None
     residual_row = residual.w.copy()
     dense = np.maximum(p.dense() - q.dense(), 0.0)
     assert np.array_equal(residual_row, dense)
     assert residual.total == pytest.approx(dense.sum(), rel=1e-12)
-    for token in (0, 32_767, 32_768, int(np.argmax(dense)), vocab - 1, *rng.integers(0, vocab, 300)):
-        assert residual.prob(token) == dense[token] / residual.total
+    for token, prob in zip(probes, sliced):
+        assert prob == dense[token] / residual.total
+    for token in (int(np.argmax(dense)), *rng.integers(0, vocab, 50)):
+        assert residual.prob(int(token)) == dense[token] / residual.total
     drawn = {residual.sample(rng) for _ in range(200)}
     assert all(dense[t] > 0 for t in drawn)  # never a token where q covers p
 

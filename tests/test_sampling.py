@@ -402,11 +402,30 @@ def test_a_rejection_draws_from_the_residual_exactly(case: str) -> None:
     counts, computed = _residual_draws(p, q, 40_000, seed=5)
     result = chi_square(counts, exact / mass)
     assert result.passed, f"{case}: {result}"
-    kept_all = (1 - mass) ** RESIDUAL_DRAWS  # the chance that no draw is kept
-    assert computed / 40_000 == pytest.approx(kept_all, abs=0.01), case  # the fallback ran as often as it should
+    kept_none = (1 - mass) ** RESIDUAL_DRAWS  # the chance that no draw is kept
+    assert computed / 40_000 == pytest.approx(kept_none, abs=0.01), case  # the fallback ran as often as it should
 
     def first_draw(p_row, q_prob, rng, residual):  # the bug: every draw kept, so the law is p's
         return sample_index(p_row, rng), None
 
     broken, _ = _residual_draws(p, q, 40_000, seed=5, draw=first_draw)
     assert not chi_square(broken, exact / mass).passed, case
+
+
+def test_the_one_hot_rule_corrects_with_p_without_the_drafted_token() -> None:
+    """verify_onehot's own rejection path (the drafted token never kept, the residual ``p`` without it
+    computed only after four draws of it): a correction's law is ``p`` without ``d``, renormalised
+    (chi-square at 1e-6 over the rejections of 40,000 verifications), and its residual mass is
+    ``1 - p(d)`` every time. Here p(d) = 0.6, so 0.6 ** 4, an eighth of the corrections, reach the fallback."""
+    p = np.array([0.6, 0.2, 0.1, 0.05, 0.05])
+    rng = np.random.default_rng(9)
+    counts = np.zeros(5)
+    for _ in range(40_000):
+        verdict = verify_onehot([0], [p, p], rng)
+        if verdict.n_accepted == 0:
+            counts[verdict.token] += 1
+            assert verdict.residual_mass == pytest.approx(0.4)
+    expected = np.array([0.0, 0.5, 0.25, 0.125, 0.125])
+    assert counts[0] == 0 and counts.sum() > 15_000
+    assert chi_square(counts, expected).passed, chi_square(counts, expected)
+    assert not chi_square(counts, p / p.sum()).passed  # the law it must not have: p itself

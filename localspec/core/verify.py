@@ -106,8 +106,8 @@ def verify_onehot(
         checks.append(DraftCheck(token, p_tok, 1.0, p_tok, u, accepted))
         if not accepted:
             drafted = token
-            token, mass = draw_from_residual(p_row, lambda t: float(t == drafted), rng, lambda: _without(p_row, drafted))
-            return Verdict(i, token, False, checks, residual_mass=mass)
+            token, _ = draw_from_residual(p_row, lambda t: float(t == drafted), rng, lambda: _without(p_row, drafted))
+            return Verdict(i, token, False, checks, residual_mass=1.0 - p_tok)
     return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
 
 
