@@ -20,11 +20,11 @@ from localspec.core.sampling import (
     log_weights,
     pad_logits,
     probabilities,
+    residual_of,
     sample_index,
 )
 from localspec.core.verify import (
     RESIDUAL_DRAWS,
-    _residual,
     acceptance_rate,
     draw_from_residual,
     verify_onehot,
@@ -376,7 +376,7 @@ def _residual_draws(p_row, q_row, n: int, seed: int, draw=None) -> np.ndarray:
     counts = np.zeros(len(np.asarray(p_row)))
     computed = 0
     for _ in range(n):
-        token, mass = draw(p_row, lambda t: float(np.asarray(q_row)[t]), rng, lambda: _residual(p_row, q_row))
+        token, mass = draw(p_row, lambda t: float(np.asarray(q_row)[t]), rng, lambda: residual_of(p_row, q_row))
         counts[token] += 1
         computed += mass is not None
     return counts, computed

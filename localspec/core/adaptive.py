@@ -344,14 +344,15 @@ class AdaptiveK:
         if self.verify_seconds(1) is None:  # nothing measured yet: free drafts are worth a try
             return Plan(LOOKUP, ks[-1])
         expected = self.lookup_expected(match.length, ks[-1])
-        best, k = max((expected[n - 1] / self.step_seconds(n, LOOKUP), -n) for n in ks)
+        best, fewest = max((expected[n - 1] / self.step_seconds(n, LOOKUP), -n) for n in ks)  # ties: fewer copies
+        n = -fewest
         alone = (self.rate(0) or 0.0) if not model or self.k_min == 0 else 0.0
         model_rate, waits, waiting = self._model_rival(backlog, may_quote) if model else (0.0, False, 0.0)
         if best <= max(alone, model_rate):
             return None
         if waits and best < waiting:  # the model sat this step out for a copy it would have outrun
-            self._waited_s += expected[-k - 1] * (1.0 / best - 1.0 / waiting)
-        return Plan(LOOKUP, -k)
+            self._waited_s += expected[n - 1] * (1.0 / best - 1.0 / waiting)
+        return Plan(LOOKUP, n)
 
     def _model_rival(self, backlog: int, may_quote: bool) -> tuple[float, bool, float]:
         """The model's best predicted rate against lookup this step: none while its catch-up on

@@ -280,15 +280,15 @@ class Weights:
     """A distribution kept unnormalised, ``p = w / total``: what the hot path passes around.
 
     Speculative rules mostly need *one* probability per row (``p(d)``, ``q(d)``)
-    and one draw; a rejection's residual is another such row (:meth:`residual`),
-    and only the one-hot rule's residual needs a normalised full row. ``prob(t)``
-    is bit-identical to ``probabilities(...)[t]`` (same division), so the rules
-    decide exactly as on dense rows.
+    and a few draws; a rejection's residual, where it is computed at all, is
+    another such row (:meth:`residual`), and only the one-hot rule's needs a
+    normalised full row. ``prob(t)`` is bit-identical to
+    ``probabilities(...)[t]`` (same division), so the rules decide exactly as
+    on dense rows.
 
     Built by :meth:`of_logits`, the row is never written whole unless asked
-    for (``w``, ``dense``): a probability recomputes the slice that holds its
-    token, a draw finds its slice from the slice sums and reads that slice
-    alone. Each slice is computed by the same operations on the same inputs
+    for (``w``, ``dense``): a probability computes its one element, a draw
+    finds its slice from the slice sums and reads that slice alone. Each slice is computed by the same operations on the same inputs
     every time, so every path sees the same numbers.
     """
 

@@ -81,7 +81,7 @@ def verify_rejection(
         accepted = u < accept_prob
         checks.append(DraftCheck(token, p_tok, q_tok, accept_prob, u, accepted))
         if not accepted:
-            token, mass = draw_from_residual(p_row, lambda t: prob_of(q_row, t), rng, lambda: _residual(p_row, q_row))
+            token, mass = draw_from_residual(p_row, lambda t: prob_of(q_row, t), rng, lambda: residual_of(p_row, q_row))
             return Verdict(i, token, False, checks, residual_mass=mass)
     return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
 
@@ -115,7 +115,7 @@ def draw_from_residual(
     p_row: np.ndarray | Weights,
     q_prob: Callable[[int], float],
     rng: np.random.Generator,
-    residual: Callable[[], tuple[np.ndarray | Weights, float]],
+    residual: Callable[[], Weights],
 ) -> tuple[int, float | None]:
     """A draw from ``normalize(max(0, p - q))`` after a rejection, and that residual's mass where it was
     computed (None where it was not).
@@ -133,21 +133,15 @@ def draw_from_residual(
         p_x = prob_of(p_row, x)
         if rng.random() * p_x < p_x - q_prob(x):
             return x, None
-    row, mass = residual()
-    return sample_index(row, rng), mass
+    row = residual()
+    return sample_index(row, rng), row.total
 
 
-def _residual(p_row, q_row) -> tuple[Weights, float]:
-    row = residual_of(p_row, q_row)
-    return row, row.total
-
-
-def _without(p_row, token: int) -> tuple[np.ndarray, float]:
+def _without(p_row, token: int) -> Weights:
     """The one-hot rule's residual: ``p`` with the drafted ``token`` removed (unnormalised)."""
     row = np.array(dense_of(p_row), dtype=np.float64)  # a copy: rows may be shared
-    mass = 1.0 - float(row[token])
     row[token] = 0.0
-    return row, mass
+    return Weights(row)
 
 
 def verify_picks(draft: Sequence[int], target_picks: Sequence[int]) -> Verdict:
