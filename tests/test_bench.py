@@ -115,7 +115,7 @@ def test_unknown_variant_is_one_line_error_naming_it() -> None:
 
 
 def test_kernels_bench_compares_placements_and_checks_invariance(real_paths) -> None:
-    """The real pair's target: repacked weights (default) next to plain memory, one interleaved run."""
+    """The real pair's target: its default placement (repacked, or the AMX buffer) next to plain memory, one run."""
     import subprocess
     import sys
 
@@ -124,9 +124,9 @@ def test_kernels_bench_compares_placements_and_checks_invariance(real_paths) -> 
     proc = subprocess.run([sys.executable, "-m", "localspec.bench", "kernels", "--pair", "qwen2.5-coder-1.5b",
                            "--model", "target", "--repeats", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| repacked") or line.startswith("| plain")]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| default") or line.startswith("| plain")]
     assert len(rows) == 2, proc.stdout
-    repacked, plain = rows
-    assert "CPU_REPACK" in repacked and "CPU_REPACK" not in plain
-    assert repacked.endswith("| yes |") and plain.endswith("| yes |")  # both placements batch-invariant
-    assert repacked.count("(1.00×)") == 3
+    default, plain = rows
+    assert ("CPU_REPACK" in default or "AMX" in default) and "CPU_REPACK" not in plain and "AMX" not in plain
+    assert default.endswith("| yes |") and plain.endswith("| yes |")  # both placements batch-invariant
+    assert default.count("(1.00×)") == 3

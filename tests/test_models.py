@@ -294,7 +294,7 @@ def test_amx_builds_repack_what_they_can_and_keep_a_mostly_q5_0_draft_out_of_amx
         ("blk.0.attn_q.weight", "Q4_K", 2, 896, 450_000),
         ("blk.0.ffn_down.weight", "Q6_K", 2, 896, 3_500_000),
     ))  # fmt: skip
-    assert 0.5 < placement.amx_share("x.gguf") < placement.AMX_DRAFT_SHARE
+    assert 0.5 < placement.amx_share("x.gguf") < placement.AMX_SHARE
     chosen = placement.weight_placement("draft", "x.gguf")
     assert chosen.repack_only and not chosen.extra_buffers and not chosen.one_row_per_decode
 
@@ -333,3 +333,22 @@ def test_every_load_and_decode_runs_on_one_thread_whoever_calls(demo_paths, monk
     used = callers["load"] | callers["context"] | callers["decode"]
     assert len(used) == 1 and callers["decode"] == callers["load"], callers
     assert threading.get_ident() not in used
+
+
+def test_a_target_takes_the_amx_buffer_only_with_streamed_kernels_for_nearly_all_of_it(monkeypatch) -> None:
+    """With localspec's streamed-rows patch a Q4_K_M target decodes 1 / 3 / 8 rows in 46-48 / 60 / 96 ms in
+    the AMX buffer against 66 / 71 / 139 repacked (real pair, AMX VM); without it, or with matrices the
+    patch has no batch kernel for (Q5_0 here), batches there ran the one-row kernel once per row."""
+    from localspec.llama import placement
+
+    monkeypatch.delenv("LOCALSPEC_EXTRA_BUFFERS", raising=False)
+    monkeypatch.setattr(placement, "system_info", lambda: "CPU : AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1")
+    monkeypatch.setattr(placement, "amx_rows_without_tiles", lambda: True)
+    q4_k_m = (("blk.0.ffn_up.weight", "Q4_K", 2, 8960, 7_700_000), ("output.weight", "Q6_K", 2, 151936, 191_000_000))
+    mostly_q5_0 = (("blk.0.ffn_up.weight", "Q5_0", 2, 8960, 9_000_000), ("output.weight", "Q6_K", 2, 151936, 1_000_000))
+    for table, streamed, amx in ((q4_k_m, True, True), (q4_k_m, False, False), (mostly_q5_0, True, False)):
+        monkeypatch.setattr(placement, "gguf_tensor_table", lambda path, table=table: table)
+        monkeypatch.setattr(placement, "amx_streamed_rows", lambda streamed=streamed: streamed)
+        chosen = placement.weight_placement("target", "x.gguf")
+        assert (chosen.extra_buffers, chosen.repack_only, chosen.one_row_per_decode) == (amx, not amx, False)
+        assert ("streamed" in chosen.reason) == amx

@@ -320,6 +320,14 @@ def load_model(path, settings, role: str, on_progress: Callable[[float], None] |
     return LlamaModel(path, settings, role, on_progress)
 
 
+def llama_cpp_default_runs() -> bool:
+    """Whether llama.cpp's own tools can run in their default weight placement in this process's environment
+    (see :func:`localspec.llama.placement.llama_cpp_default_runs`)."""
+    from localspec.llama.placement import llama_cpp_default_runs as runs
+
+    return runs()
+
+
 def reference_generator(engine: "Engine", num_pred_tokens: int = 10):
     """llama-cpp-python's own generation on the engine's target file and settings (the bench's outside reference)."""
     from localspec.llama.reference import ReferenceGenerator

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from localspec.app.config import SpeculativeConfig
-from localspec.app.engine import reference_generator
+from localspec.app.engine import llama_cpp_default_runs, reference_generator
 from localspec.app.invariance import llama_build
 from localspec.bench.llamacpp import server_configs, start_servers
 from localspec.core.errors import ConfigError
@@ -186,7 +186,7 @@ class Bench:
             draft = engine.config.resolve_path(engine.config.model.draft) if engine.draft_model is not None else None
             self.servers = start_servers(settings.llama_cpp, server_configs(), engine.target_path, draft,
                                          engine.target.threads, engine.target.context_size, engine.settings.use_mmap,
-                                         engine.target.placement.extra_buffers)  # fmt: skip
+                                         llama_cpp_default_runs())  # fmt: skip
             self.variants = [v for v in self.variants if v.drafter != "llama.cpp" or v.name in self.servers]
 
     def close(self) -> None:
@@ -415,6 +415,9 @@ def _report(engine, settings, variants, prompts, tokens, runs: list[Measurement]
             "adaptive_range": [settings.min_draft_tokens, settings.max_draft_tokens],
             "prompts": [{"name": p["name"], "tokens": len(tokens[p["name"]])} for p in prompts],
             "order": "interleaved: for each repeat, for each prompt, every variant in turn",
+            "llama_cpp_placement": (
+                ("weights in its default placement (extra buffers)" if llama_cpp_default_runs() else "weights in plain memory (--no-repack)") if settings.llama_cpp else None
+            ),
         },
         "variants": rows,
         "runs": [r.to_dict() for r in runs],
@@ -437,7 +440,8 @@ def render_table(report: dict[str, Any]) -> str:
         f"{' '.join(machine_info.get('flags', [])) or 'no AVX2/AVX-512/AMX'}; target weights in "
         f"{', '.join(machine_info.get('weight_buffers', [])) or '?'}"
         + (f"; draft weights in {', '.join(machine_info['draft_weight_buffers'])}" if machine_info.get("draft_weight_buffers") else "")
-        + (", one row per decode" if machine_info.get("draft_rows_per_decode") == 1 else ""),
+        + (", one row per decode" if machine_info.get("draft_rows_per_decode") == 1 else "")
+        + (f"; llama-server {placement}" if (placement := report["settings"].get("llama_cpp_placement")) else ""),
         "",
         "| variant | tok/s | speedup | acceptance | tokens/step | mean K | draft / verify / other | predicted | at acceptance 1 | measured/predicted |",
         "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",

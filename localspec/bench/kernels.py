@@ -3,15 +3,16 @@
 The speed of speculative decoding is set by two numbers per model — one
 token, and a verification batch of K + 1 rows — and exactness by one fact:
 the rows of a batch equal the same rows computed alone. Both depend on
-where llama.cpp puts the weights (its repacked "extra" buffers, or plain
+where llama.cpp puts the weights (its "extra" buffers, AMX or repacked, or plain
 memory), so this loads the model once per placement and, in one run,
 interleaves single-token and batch decodes across them (medians, so a
 background process hits every placement alike), then measures batch
 invariance of each with the doctor's probe.
 
-On the real pair this shows the point of localspec's Q4_K patch: the
-repacked kernels (default) are both invariant and faster than plain memory,
-the other way to invariance.
+On the real pair this shows the point of localspec's kernel patches: the
+default placement's kernels (repacked, or on AMX builds the AMX buffer with
+streamed rows) are both invariant and faster than plain memory, the other
+way to invariance.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from dataclasses import replace
 
 ROW_COUNTS = (1, 5, 9)
-PLACEMENTS = {"repacked (default)": None, "plain memory": False}
+PLACEMENTS = {"default": None, "plain memory": False}
 
 
 def measure(path: str, settings, repeats: int, rows: tuple[int, ...]) -> dict[str, dict]:

@@ -10,13 +10,16 @@ the server's own decode rate (``timings.predicted_per_second``), the
 counterpart of localspec's tokens per decode second; the prompt is evaluated
 anew each time (``cache_prompt: false``) and not counted by either.
 
-Where localspec loads its target without llama.cpp's extra buffer types
-(AMX builds, whose AMX buffer runs tile instructions on batches, which die
-with SIGILL on VMs that do not enable AMX's tile state; or
-``LOCALSPEC_EXTRA_BUFFERS=0``), the servers run with ``--no-repack``: the
-only way llama-server runs there, since it can turn extra buffers off only
-all together (its ``--override-tensor`` knows no ``CPU_REPACK``), where
-localspec keeps the repacked buffer without AMX.
+The servers run in llama.cpp's own default weight placement (every extra
+buffer type: on AMX builds the AMX buffer, where localspec keeps its target
+repacked for cheap verification batches) wherever that runs: on AMX builds
+whose tile instructions die (VMs that do not enable AMX's tile state) only
+with localspec's AMX patch, whose ``GGML_AMX_NO_TILES`` the servers inherit.
+Where it does not run (AMX builds without that patch), and where the user
+turned extra buffers off (``LOCALSPEC_EXTRA_BUFFERS=0``), they run with
+``--no-repack``: llama-server
+can turn extra buffers off only all together (its ``--override-tensor``
+knows no ``CPU_REPACK``).
 """
 
 from __future__ import annotations

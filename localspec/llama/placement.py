@@ -9,6 +9,7 @@ from pathlib import Path
 
 from localspec.llama.runtime import (
     amx_rows_without_tiles,
+    amx_streamed_rows,
     cpu_extra_buffer_types,
     extra_buffers_choice,
     gguf_tensor_table,
@@ -53,12 +54,18 @@ def weight_placement(role: str, path: Path | str) -> WeightPlacement:
     — with its Q4_0/Q4_K matrices still in llama.cpp's repacked buffer (what
     non-AMX builds use), whose kernels need no tiles:
 
-    * the **target** never takes the AMX buffer: its speed comes from verifying
-      K+1 rows in one batch. Repacked, the real pair's target decodes a token
-      in 65 ms instead of 95 in plain memory and 2 rows in 59 ms instead of 106
-      (Sapphire Rapids VM, two cores).
+    * the **target** takes it only where localspec's streamed-rows patch
+      (``patches/…speed-amx-streamed-rows.patch``) has kernels for nearly all
+      its matrices (``STREAMED_TYPES``; ``AMX_SHARE``): batches there unpack each
+      weight block once for up to 4 rows, and weights stream in order with a
+      prefetch. The real pair's 1.5B Q4_K_M target then decodes 1 / 2 / 3 / 4 / 8
+      rows in 46-48 / 54 / 60 / 64 / 96 ms, against 66 / 67 / 71 / 80 / 139
+      repacked (Sapphire Rapids VM, two cores); without the patch, batches ran
+      the one-row kernel once per row (2 rows 80 ms, 4 rows 106), and it took the
+      repacked buffer: 65 ms a token instead of 95 in plain memory, 2 rows in 59
+      ms instead of 106.
     * the **draft** takes it only where AMX would hold nearly all its weights
-      (``AMX_DRAFT_SHARE``): SmolLM2 Q4_1 / Q4_0 then decode a token in
+      (``AMX_SHARE``): SmolLM2 Q4_1 / Q4_0 then decode a token in
       7.2 / 7.6 ms instead of 9.6 / 9.4 (two rows: 14.1 / 14.0 instead of
       12.6 / 11.6, prompts 1.3-1.8x slower). Qwen2.5-0.5B Q4_K_M is 55 % Q5_0,
       which AMX does not take: one row 24.5 ms against 26.6, but a two-row
@@ -83,9 +90,13 @@ def weight_placement(role: str, path: Path | str) -> WeightPlacement:
     if "AMX_INT8 = 1" not in system_info():
         return WeightPlacement(True, False, "extra buffers on (no AMX in this build)")
     share = amx_share(path)
-    if role == "draft" and share >= AMX_DRAFT_SHARE:
+    if role == "target" and amx_streamed_rows() and amx_share(path, STREAMED_TYPES) >= AMX_SHARE:
+        return WeightPlacement(True, False, f"AMX build: AMX buffer ({share:.0%} of the weights), batches streamed, "
+                               "up to 4 rows per pass on its one-row kernels (no tile instructions)")  # fmt: skip
+    if role == "draft" and share >= AMX_SHARE:
         if amx_rows_without_tiles():
-            return WeightPlacement(True, False, f"AMX build: AMX buffer ({share:.0%} of the weights), batches row by row "
+            how = "streamed, up to 4 rows per pass" if amx_streamed_rows() and amx_share(path, STREAMED_TYPES) >= AMX_SHARE else "row by row"
+            return WeightPlacement(True, False, f"AMX build: AMX buffer ({share:.0%} of the weights), batches {how} "
                                    "on its one-row kernels (no tile instructions)")  # fmt: skip
         return WeightPlacement(True, True, f"AMX build: AMX buffer ({share:.0%} of the weights), one row per decode (no tile instructions)")
     return WeightPlacement(
@@ -94,15 +105,30 @@ def weight_placement(role: str, path: Path | str) -> WeightPlacement:
     )
 
 
+def llama_cpp_default_runs() -> bool:
+    """Whether llama.cpp's own default placement (every extra buffer type, AMX's included) runs here, so
+    its tools can be timed as they run by default: not where the user turned extra buffers off
+    (``LOCALSPEC_EXTRA_BUFFERS=0``, and then like for like), and on AMX builds only where tiles work or
+    batches in the AMX buffer skip them (localspec's AMX patch, whose ``GGML_AMX_NO_TILES`` the tools
+    inherit from this process). Timed with ``--no-repack`` instead, the real pair's target alone ran at
+    9.9 tok/s in llama-server on the AMX VM, against 14.6 in its default placement."""
+    choice = extra_buffers_choice()
+    if choice in ("0", "1"):
+        return choice == "1"
+    return "AMX_INT8 = 1" not in system_info() or amx_rows_without_tiles()
+
+
 AMX_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")  # ggml-cpu/amx/common.h, qtype_has_amx_kernels
-AMX_DRAFT_SHARE = 0.9  # share of a draft's matrix bytes AMX must hold before one-row decodes pay (measured above)
+AMX_SHARE = 0.9  # share of a model's matrix bytes the AMX buffer (a target: its streamed kernels) must hold to get it (see above)
+STREAMED_TYPES = ("Q4_0", "Q4_K", "Q6_K")  # the types with batch kernels in localspec's streamed-rows patch
 
 
-def amx_share(path: Path | str) -> float:
-    """The share of the model's multiplied matrices (by bytes) in types llama.cpp's AMX buffer takes."""
+def amx_share(path: Path | str, types: tuple[str, ...] = AMX_TYPES) -> float:
+    """The share of the model's multiplied matrices (by bytes) in ``types`` (by default, those llama.cpp's
+    AMX buffer takes)."""
     matrices = [(kind, size) for name, kind, _, _, size in gguf_tensor_table(str(path)) if MATMUL_WEIGHT.match(name)]
     total = sum(size for _, size in matrices)
-    return sum(size for kind, size in matrices if kind in AMX_TYPES) / total if total else 0.0
+    return sum(size for kind, size in matrices if kind in types) / total if total else 0.0
 
 
 class TensorOverride(ctypes.Structure):

@@ -45,6 +45,7 @@ TILED_PATCH = "kquant-vec-dot-tiled-invariant"  # in the name of the patch that 
 EXTRA_BUFFERS_ENV = "LOCALSPEC_EXTRA_BUFFERS"  # 1: extra buffers (AMX tiles included) for both models; 0: none
 AMX_NO_TILES_ENV = "GGML_AMX_NO_TILES"  # read by localspec's AMX patch: batches in the AMX buffer row by row, no tiles
 AMX_ROWS_PATCH = "speed-amx-rows-without-tiles"  # in the name of that patch
+AMX_STREAMED_PATCH = "speed-amx-streamed-rows"  # in the name of the patch with batch kernels on top of it
 
 
 class ComputeThread:
@@ -172,6 +173,13 @@ def amx_rows_without_tiles() -> bool:
     and every row equals the same row decoded alone). Without it, a model in that buffer on a CPU
     whose tiles die must be fed one row per decode (see :func:`~localspec.llama.placement.weight_placement`)."""
     return AMX_ROWS_PATCH in (build_stamp() or {}).get("patches", "")
+
+
+def amx_streamed_rows() -> bool:
+    """Whether the installed build has localspec's streamed-rows patch on top of :func:`amx_rows_without_tiles`'s:
+    batches in the AMX buffer take up to 4 rows per pass over the weights (Q4_0, Q4_K, Q6_K), in memory
+    order with a prefetch, each row bit-identical to the one-row kernel's."""
+    return AMX_STREAMED_PATCH in (build_stamp() or {}).get("patches", "")
 
 
 def tiled_matmul_enabled() -> bool:
