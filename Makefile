@@ -11,7 +11,8 @@
 # chunks, the tiled matmul's weight sums in one pass; weights prefetched ahead
 # of use and Q6_K on AVX-512 VNNI; Q5_0 taking any number of rows per pass; the
 # repacked Q4_0 gemv taking up to 4 rows per pass, and Q4_1 any number; batches in
-# the AMX buffer without tile instructions, streamed up to 4 rows per pass). pip's
+# the AMX buffer without tile instructions, streamed up to 4 rows per pass; buffers of
+# 2 MiB and more in transparent huge pages). pip's
 # wheel cache does not key on CMAKE_ARGS or patches, so the built wheel is kept
 # in a folder named after the version, the flags, the patches' hash and the
 # Python/platform, and installed from there.
