@@ -11,15 +11,13 @@ counterpart of localspec's tokens per decode second; the prompt is evaluated
 anew each time (``cache_prompt: false``) and not counted by either.
 
 The servers run in llama.cpp's own default weight placement (every extra
-buffer type: on AMX builds the AMX buffer, where localspec keeps its target
-repacked for cheap verification batches) wherever that runs: on AMX builds
+buffer type, on AMX builds the AMX buffer) wherever that runs: on AMX builds
 whose tile instructions die (VMs that do not enable AMX's tile state) only
 with localspec's AMX patch, whose ``GGML_AMX_NO_TILES`` the servers inherit.
 Where it does not run (AMX builds without that patch), and where the user
 turned extra buffers off (``LOCALSPEC_EXTRA_BUFFERS=0``), they run with
-``--no-repack``: llama-server
-can turn extra buffers off only all together (its ``--override-tensor``
-knows no ``CPU_REPACK``).
+``--no-repack``: llama-server can turn extra buffers off only all together
+(its ``--override-tensor`` knows no ``CPU_REPACK``).
 """
 
 from __future__ import annotations

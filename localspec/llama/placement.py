@@ -90,12 +90,13 @@ def weight_placement(role: str, path: Path | str) -> WeightPlacement:
     if "AMX_INT8 = 1" not in system_info():
         return WeightPlacement(True, False, "extra buffers on (no AMX in this build)")
     share = amx_share(path)
-    if role == "target" and amx_streamed_rows() and amx_share(path, STREAMED_TYPES) >= AMX_SHARE:
+    streamed = _streamed(path)
+    if role == "target" and streamed:
         return WeightPlacement(True, False, f"AMX build: AMX buffer ({share:.0%} of the weights), batches streamed, "
                                "up to 4 rows per pass on its one-row kernels (no tile instructions)")  # fmt: skip
     if role == "draft" and share >= AMX_SHARE:
         if amx_rows_without_tiles():
-            how = "streamed, up to 4 rows per pass" if amx_streamed_rows() and amx_share(path, STREAMED_TYPES) >= AMX_SHARE else "row by row"
+            how = "streamed, up to 4 rows per pass" if streamed else "row by row"
             return WeightPlacement(True, False, f"AMX build: AMX buffer ({share:.0%} of the weights), batches {how} "
                                    "on its one-row kernels (no tile instructions)")  # fmt: skip
         return WeightPlacement(True, True, f"AMX build: AMX buffer ({share:.0%} of the weights), one row per decode (no tile instructions)")
@@ -103,6 +104,11 @@ def weight_placement(role: str, path: Path | str) -> WeightPlacement:
         False, False, f"AMX build: no AMX buffer ({share:.0%} of the weights would go there; batches would run "
         "AMX tiles), Q4_0/Q4_K matrices repacked", repack_only=True,
     )
+
+
+def _streamed(path: Path | str) -> bool:
+    """Whether the build's streamed-rows kernels cover nearly all of the model's matrices (by bytes)."""
+    return amx_streamed_rows() and amx_share(path, STREAMED_TYPES) >= AMX_SHARE
 
 
 def llama_cpp_default_runs() -> bool:

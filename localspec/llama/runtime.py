@@ -43,7 +43,7 @@ except ImportError as _error:  # pragma: no cover - exercised only on a broken i
 TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
 TILED_PATCH = "kquant-vec-dot-tiled-invariant"  # in the name of the patch that makes the tiled kernel invariant
 EXTRA_BUFFERS_ENV = "LOCALSPEC_EXTRA_BUFFERS"  # 1: extra buffers (AMX tiles included) for both models; 0: none
-AMX_NO_TILES_ENV = "GGML_AMX_NO_TILES"  # read by localspec's AMX patch: batches in the AMX buffer row by row, no tiles
+AMX_NO_TILES_ENV = "GGML_AMX_NO_TILES"  # read by localspec's AMX patches: batches in the AMX buffer without tiles
 AMX_ROWS_PATCH = "speed-amx-rows-without-tiles"  # in the name of that patch
 AMX_STREAMED_PATCH = "speed-amx-streamed-rows"  # in the name of the patch with batch kernels on top of it
 
