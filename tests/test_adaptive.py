@@ -309,6 +309,45 @@ def test_sliced_residual_equals_the_dense_residual_element_for_element() -> None
     assert all(dense[t] > 0 for t in drawn)  # never a token where q covers p
 
 
+def test_the_draft_head_is_its_own_exact_distribution() -> None:
+    """The draft proposes its head (sampling.draft_weights): the tokens with at least ``floor`` of its top
+    token's weight, renormalised. Its weights are the full row's own numbers (the same transform), its
+    probabilities those renormalised, its draws follow them (chi-square), its slices and dense row agree,
+    and a rejection's residual against it equals the dense one element for element."""
+    from localspec.core.sampling import DRAFT_FLOOR, HeadWeights, draft_weights, residual_of
+
+    rng = np.random.default_rng(5)
+    vocab = 151_936
+    logits = (rng.standard_normal(vocab) * 2).astype(np.float32)
+    logits[[7, 32_768, vocab - 1]] += 14.0  # three leaders, across slices
+    for params, history in ((SamplingParams(temperature=0.7), []),
+                            (SamplingParams(temperature=0.9, top_k=40, repeat_penalty=1.3), [8, 9, 8])):  # fmt: skip
+        full = weights(logits, params, history).dense()
+        head = draft_weights(logits, params, history)
+        assert isinstance(head, HeadWeights)
+        kept = full >= DRAFT_FLOOR * full.max() * (1 - 1e-12)
+        assert 3 <= kept.sum() < 1_000 and int(np.argmax(full)) in head._ids
+        assert np.array_equal(np.flatnonzero(kept), head._ids)
+        q = np.where(kept, full, 0.0)
+        q /= q.sum()
+        assert np.allclose(head.dense(), q, rtol=1e-12, atol=0)
+        assert all(head.prob(int(t)) == head.dense()[t] for t in (*head._ids, 0, 1, vocab - 2))
+        assert head.prob(int(np.flatnonzero(~kept)[0])) == 0.0
+        tokens, probs = head.top(3)
+        assert set(tokens.tolist()) == {7, 32_768, vocab - 1} and probs[0] >= probs[1] >= probs[2]
+        draws = np.array([head.sample(rng) for _ in range(20_000)])
+        assert set(np.unique(draws)) <= set(head._ids.tolist())
+        counts = np.array([(draws == t).sum() for t in head._ids])
+        result = chi_square(counts, q[head._ids])
+        assert result.passed, str(result)
+    params = SamplingParams(temperature=0.7)
+    p, head = weights(np.roll(logits, 1), params), draft_weights(logits, params)
+    residual = residual_of(p, head)
+    assert residual._parts is not None  # in slices: no full row of either
+    assert np.array_equal(residual.w, np.maximum(p.dense() - head.dense(), 0.0))
+    assert draft_weights(logits, params, history, floor=0.0).total == weights(logits, params, history).total
+
+
 def test_one_prediction_for_every_reply_from_its_steps_ks() -> None:
     """perf.predicted_speedup (UI; the bench uses its two halves) sums E[tokens] over each step's own k."""
     from localspec.core.events import GenerationStats

@@ -26,7 +26,7 @@ from localspec.core.drafters import ModelDrafter, NgramDrafter
 from localspec.core.events import GenerationResult, StepEvent
 from localspec.core.loop import GenerationOptions, SpeculativeDecoder
 from localspec.core.modes import InvariantMode, RejectionMode
-from localspec.core.sampling import SamplingParams, probabilities, sample_index
+from localspec.core.sampling import SamplingParams, draft_weights, probabilities, sample_index, weights
 from localspec.core.verify import DraftCheck, Verdict
 
 from .stats import (
@@ -151,6 +151,33 @@ def test_model_drafter_matches_target_exactly(name: str) -> None:
     print(f"\n[{name}]\n{result}")
     failed = [str(c) for c in result.all() if not c.passed]
     assert not failed, f"{name}: {failed}"
+
+
+#: A floor far above the default (sampling.DRAFT_FLOOR), so the head the draft proposes from leaves out
+#: tokens the target wants (asserted), and a wrong q would show.
+FLOOR = 0.2
+
+
+def _head_rows(model: ToyLM, params: SamplingParams, floor: float = FLOOR) -> Callable:
+    return lambda prefix: draft_weights(model.logits(prefix), params, prefix, V, floor).dense()
+
+
+def test_draft_proposing_its_head_matches_target_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft proposes only its head (tokens with >= FLOOR of its top token's weight, renormalised):
+    a different q, and the rule divides by that q, so the output is still the target's."""
+    params = SamplingParams(temperature=T)
+    target, draft = _models()
+    head, full, p = _head_rows(draft, params)(PROMPT), _rows(draft, params)(PROMPT), _rows(target, params)(PROMPT)
+    assert ((head == 0) & (full > 0) & (p > 0.01)).any()  # the floor cuts tokens the target wants
+    monkeypatch.setattr(RejectionMode, "draft_floor", FLOOR)
+    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    joint, accepted = sample(decoder, params, "rejection")
+    exact = exact_joint(target, PROMPT, params, LENGTH, V)
+    acc_exact = accepted_length_distribution(_rows(target, params), _head_rows(draft, params), PROMPT, K, accept_rejection)
+    result = report(joint, exact, accepted, acc_exact)
+    print(f"\n[draft head, floor {FLOOR}]\n{result}")
+    failed = [str(c) for c in result.all() if not c.passed]
+    assert not failed, failed
 
 
 @pytest.mark.parametrize("mode, accept", [("rejection", accept_rejection), ("invariant", accept_gumbel)])
@@ -299,6 +326,14 @@ class HistoryDropsDrafts(RejectionMode):
         return list(context[-self.params.penalty_last_n :]) if self.params.has_penalties else []
 
 
+class HeadDrawnFullQ(RejectionMode):
+    """Bug (g): the token is drawn from the draft's head, the rule divides by the full q."""
+
+    def pick_draft(self, logits, history, position):
+        head = draft_weights(logits, self.params, history, self.vocab_size, FLOOR)
+        return head.sample(self.rng), weights(logits, self.params, history, self.vocab_size)
+
+
 class StaleRollbackLM(ToyLM):
     """Bug (d): rollback leaves one rejected position in the cache."""
 
@@ -313,6 +348,7 @@ NEGATIVE = {  # name -> (broken mode, or None for the stale-rollback model; para
     "(d) rollback leaves a stale position": (None, SamplingParams(temperature=T), PROMPT),
     "(e) bonus drawn uniformly": (BonusUniform, SamplingParams(temperature=T), PROMPT),
     "(f) penalty history drops the drafts": (HistoryDropsDrafts, PENALTIES, PENALTY_PROMPT),
+    "(g) head drawn, full q divided by": (HeadDrawnFullQ, SamplingParams(temperature=T), PROMPT),
 }
 
 

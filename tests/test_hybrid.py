@@ -17,6 +17,7 @@ from localspec.core.drafters import LOOKUP, MODEL, Draft, HybridDrafter, Match, 
 from localspec.core.edits import Edit, ReplyEdits
 from localspec.core.events import GenerationResult, StepEvent
 from localspec.core.loop import GenerationOptions, SpeculativeDecoder
+from localspec.core.modes import RejectionMode
 from localspec.core.sampling import SamplingParams
 
 from .stats import chi_square
@@ -89,6 +90,7 @@ def test_hybrid_drafter_matches_target_exactly(mode: str, monkeypatch: pytest.Mo
 
 
 def test_negative_control_lookup_verified_with_model_q(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(RejectionMode, "draft_floor", 0.0)  # every copied token has q > 0 under the model's full q
     joint, _ = sample_hybrid(LookupWithModelQ, monkeypatch)
     target, _ = _models()
     exact = exact_joint(target, PROMPT, SamplingParams(temperature=T), LENGTH, V)

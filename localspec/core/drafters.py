@@ -18,7 +18,7 @@ import numpy as np
 from localspec.core.edits import ReplyEdits
 from localspec.core.model import LanguageModel, Vocabulary, common_prefix_length
 from localspec.core.modes import Draft, Mode
-from localspec.core.sampling import Weights
+from localspec.core.sampling import HeadWeights, Weights
 
 MODEL = "model"  # a proposal sampled from the draft model (q rows: the q-rule)
 LOOKUP = "lookup"  # a proposal copied from the context (deterministic: the one-hot rule)
@@ -239,11 +239,14 @@ class HybridDrafter:
         return self.drafter.propose(context, k, mode)
 
 
-def _kept(borrowed: np.ndarray, q) -> np.ndarray:
+def _kept(borrowed: np.ndarray, q) -> np.ndarray | None:
     """A copy of a borrowed draft row, which the draft's next decode overwrites, for the step to keep
-    (``q`` reads it again for ``q(d)`` and a rejection's residual). Copied after the pick read the whole
-    row, so it comes from the core's cache: copied straight after the decode it came from memory, at
-    twice what sampling q cost over it."""
+    where something reads it again (a ``q`` of the full row, for ``q(d)`` and a rejection's residual;
+    the UI's top-q where there is no ``q``); None where ``q`` holds its own few numbers (HeadWeights).
+    Copied after the pick read the whole row, so it comes from the core's cache: copied straight after
+    the decode it came from memory, at twice what sampling q cost over it."""
+    if isinstance(q, HeadWeights):
+        return None
     kept = np.array(borrowed)
     if isinstance(q, Weights):
         q.rebind(borrowed, kept)

@@ -385,10 +385,11 @@ class SpeculativeDecoder:
                 record.top_p = self._top(p_row, top)
                 if is_draft_row:
                     record.p = p_row.prob(draft.tokens[i]) if record.p is None else record.p
-                    if draft.logits is not None:
-                        q_row = draft.q_rows[i] if draft.q_rows is not None else None  # what the draft was drawn from
-                        if judged is None or not isinstance(q_row, Weights):
-                            q_row = weights(draft.logits[i], display, history, self.vocab_size)
+                    q_row = draft.q_rows[i] if draft.q_rows is not None else None  # what the draft was drawn from
+                    raw = draft.logits[i] if draft.logits is not None else None
+                    if (judged is None or not isinstance(q_row, Weights)) and raw is not None:
+                        q_row = weights(raw, display, history, self.vocab_size)
+                    if isinstance(q_row, Weights):
                         record.top_q = self._top(q_row, top)
                         if record.q is None:
                             record.q = q_row.prob(draft.tokens[i])

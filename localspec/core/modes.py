@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from localspec.core.noise import gumbel_max_sample, stream_key
-from localspec.core.sampling import SamplingParams, greedy_token, is_plain_softmax, log_weights, weights
+from localspec.core.sampling import DRAFT_FLOOR, SamplingParams, draft_weights, greedy_token, is_plain_softmax, log_weights, weights
 from localspec.core.verify import (
     Verdict,
     verify_onehot,
@@ -35,8 +35,9 @@ class Draft:
     # The distribution each token was sampled from (dense rows or unnormalised
     # sampling.Weights), or None for a deterministic drafter (q one-hot on the token).
     q_rows: list[np.ndarray] | None = None
-    # Raw draft logits per token (model drafters only), for traces and the UI.
-    logits: list[np.ndarray] | None = None
+    # Raw draft logits per token (model drafters only), where the UI's top-q needs them: a token drawn
+    # from a q that reads no raw row (HeadWeights) has None, the q itself is shown.
+    logits: list[np.ndarray | None] | None = None
     source: str = ""  # where the tokens came from: "model", "lookup" ("" = no draft)
 
 
@@ -107,9 +108,10 @@ class RejectionMode(Mode):
     """Exact speculative sampling; the default for T > 0."""
 
     name = "rejection"
+    draft_floor = DRAFT_FLOOR  # the draft proposes its head only (see draft_weights); 0 = its full q
 
     def pick_draft(self, logits, history, position):
-        q = weights(logits, self.params, history, self.vocab_size)  # unnormalised: normalised only on a rejection
+        q = draft_weights(logits, self.params, history, self.vocab_size, self.draft_floor)
         return q.sample(self.rng), q
 
     def verify(self, draft, target_logits, context):

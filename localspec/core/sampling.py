@@ -355,7 +355,8 @@ class Weights:
             return part
         raw = self._raw[start : start + size]
         part = (out if out is not None else np.empty(raw.shape[0]))[: raw.shape[0]]
-        np.subtract(raw, self._best, out=part, dtype=np.float64)
+        np.copyto(part, raw)  # exact; then the float64 subtract: subtract(raw, best, dtype=float64)'s bits, a
+        part -= self._best  # quarter faster (13 -> 10 us a slice: a plain cast loop, no casting buffer)
         part *= self._scale
         np.exp(part, out=part)
         return part
@@ -445,6 +446,88 @@ def weights(
     row = log_weights(logits, params, history, size)
     np.exp(row, out=row)
     return Weights(row)
+
+
+#: A model draft proposes only tokens with at least this share of its top token's weight (see
+#: :func:`draft_weights`). Teacher-forced on the real pair's replies to the five bench prompts (T = 0.7,
+#: 595 positions), the mean acceptance sum(min(p, q)) was 0.7960 with the full q and 0.7964 with this
+#: floor, which kept a median of 3 tokens (at most 303) of the 151,936.
+DRAFT_FLOOR = 1e-3
+
+
+def draft_weights(
+    logits: np.ndarray,
+    params: SamplingParams,
+    history: Sequence[int] = (),
+    vocab_size: int | None = None,
+    floor: float = DRAFT_FLOOR,
+) -> Weights:
+    """The distribution a model draft samples its token from: the draft's own (the transform ``p`` gets)
+    without the tokens below ``floor`` x its top token's weight, renormalised.
+
+    Rejection sampling is exact for any proposal, provided the token is drawn from the very ``q`` the
+    rule divides by and the residual subtracts (DESIGN §2), and this one is: a :class:`HeadWeights` that
+    draws, and answers ``q(d)``, from the same few weights. What it saves is the draft's full-vocabulary
+    pass: normalising ``q`` over 151,936 tokens in float64 and drawing from it cost ~0.4 ms a drafted
+    token in the real pair's loop, about a sixth of a step's orchestration; the kept head costs one
+    comparison over the row. The tokens cut had ~0.1 % of a target row's mass between them, and the
+    renormalised head wins it back: acceptance did not drop (see :data:`DRAFT_FLOOR`). ``floor = 0``
+    keeps the full distribution."""
+    if floor <= 0.0 or params.greedy:
+        return weights(logits, params, history, vocab_size)
+    size = vocab_size if vocab_size is not None else len(logits)
+    raw = np.asarray(logits)
+    if is_plain_softmax(raw, params, history, size):  # on the raw row: no full-vocabulary transform
+        best = _checked_max(raw)
+        scale = 1.0 / params.temperature
+        ids = np.flatnonzero(raw >= raw.dtype.type(best + np.log(floor) / scale))
+        vals = np.subtract(raw[ids], np.float64(best), dtype=np.float64)  # each weight as Weights.of_logits
+        vals *= scale
+        np.exp(vals, out=vals)
+    else:
+        row = log_weights(logits, params, history, size)  # top weight exp(0) = 1
+        ids = np.flatnonzero(row >= np.log(floor))
+        vals = np.exp(row[ids])
+    return HeadWeights(ids, vals, size)
+
+
+class HeadWeights(Weights):
+    """A distribution on a few tokens, every other token at weight 0: sorted ``ids`` and their unnormalised
+    weights. What :func:`draft_weights` proposes from; answers like any :class:`Weights` (a probability,
+    a draw, the top, a slice of the full row for a rejection's residual) from those few numbers."""
+
+    __slots__ = ("_ids", "_vals", "_size")
+
+    def __init__(self, ids: np.ndarray, vals: np.ndarray, size: int) -> None:
+        self._w, self._dense, self._raw, self._parts = None, None, None, None
+        self._ids, self._vals, self._size = ids, vals, size
+        self._set_total(float(vals.sum()))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self._size,)
+
+    def _slice(self, start: int, out: np.ndarray | None = None, size: int = _SLICE) -> np.ndarray:
+        n = min(size, self._size - start)
+        part = out[:n] if out is not None else np.empty(n)
+        part.fill(0.0)
+        lo, hi = np.searchsorted(self._ids, (start, start + n))
+        part[self._ids[lo:hi] - start] = self._vals[lo:hi]
+        return part
+
+    def prob(self, token: int) -> float:
+        j = int(np.searchsorted(self._ids, token))
+        if j < self._ids.shape[0] and self._ids[j] == token:
+            return float(self._vals[j] / self.total)
+        return 0.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        x = rng.random() * self.total
+        return int(self._ids[_index_at(self._vals, x, self._vals.cumsum(), 1)])
+
+    def top(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        order = np.lexsort((self._ids, -self._vals))[:n]  # most likely first; ties by token id
+        return self._ids[order], self._vals[order] / self.total
 
 
 def prob_of(row, token: int) -> float:
