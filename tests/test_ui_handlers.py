@@ -360,3 +360,20 @@ def test_the_verdict_quotes_the_panels_acceptance():
     speed = speed_of(type("Reply", (), {"stats": lambda self: stats})(), 0.01)
     assert "97% of its tokens are accepted" in speed.verdict
     assert 'data-stat="acc"><div class="ls-card-v">97%' in stats_html(speed)
+
+
+def test_the_top_table_says_when_q_is_the_drafts_head() -> None:
+    """A model draft draws from its head (sampling.draft_weights), often fewer tokens than the top-10 of p:
+    the q column says so rather than looking cut short; a full q list keeps the plain title."""
+    from ui.debug_view import top_table_html
+
+    def run(n_q: int) -> Trace:
+        entry = lambda t: {"token": t, "text": f"t{t}", "prob": 0.1}  # noqa: E731
+        row = {"position": 5, "draft_token": 1, "draft_text": "t1", "q": 0.6, "p": 0.4, "accept_prob": 0.66,
+               "uniform": 0.2, "outcome": "accepted", "top_p": [entry(t) for t in range(10)],
+               "top_q": [entry(t) for t in range(n_q)]}  # fmt: skip
+        return Trace({}, [{"kind": "token", "position": 5, "token_id": 1, "text": "t1", "status": "accepted"},
+                          {"kind": "step", "rows": [row]}])  # fmt: skip
+
+    assert "draft q (its head: the 3 it drew from)" in top_table_html(run(3), 0)
+    assert "draft q (top-10)" in top_table_html(run(10), 0) and "its head" not in top_table_html(run(10), 0)
