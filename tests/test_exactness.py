@@ -173,7 +173,8 @@ def test_draft_proposing_its_head_matches_target_exactly(monkeypatch: pytest.Mon
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
     joint, accepted = sample(decoder, params, "rejection")
     exact = exact_joint(target, PROMPT, params, LENGTH, V)
-    acc_exact = accepted_length_distribution(_rows(target, params), _head_rows(draft, params), PROMPT, K, accept_rejection)
+    acc_exact = accepted_length_distribution(_rows(target, params), _head_rows(draft, params), PROMPT, K,
+                                             accept_rejection)  # fmt: skip
     result = report(joint, exact, accepted, acc_exact)
     print(f"\n[draft head, floor {FLOOR}]\n{result}")
     failed = [str(c) for c in result.all() if not c.passed]

@@ -158,7 +158,8 @@ def test_borrowed_rows_are_llama_cpps_buffer_and_a_draft_keeps_copies(engines, d
     proposal = engine.drafter.propose(prompt, 4, mode)
     assert len(proposal.tokens) == 4
     fresh = LlamaModel(demo_paths[2], engine.settings, role="draft")
-    greedy = engine.drafter.propose(prompt, 4, make_mode("greedy", params, np.random.default_rng(4), engine.drafter.vocab_size))
+    greedy_mode = make_mode("greedy", params, np.random.default_rng(4), engine.drafter.vocab_size)
+    greedy = engine.drafter.propose(prompt, 4, greedy_mode)
     try:
         for i, token in enumerate(proposal.tokens):
             fresh.reset()
@@ -223,7 +224,8 @@ def test_utf8_characters_spanning_tokens_are_never_broken(engines) -> None:
     engine = engines["q4_1"]
     prompt = engine.encode_raw("Les élèves français écrivent: « Ça va très bien » — 日本語のテキスト:").tokens
     for seed in range(2, 10):  # the first sample with a byte-fallback token (any change of sampling changes it)
-        result, _ = generate(engine, prompt, SamplingParams(temperature=1.0), max_tokens=60, seed=seed, adaptive=False)
+        result, _ = generate(engine, prompt, SamplingParams(temperature=1.0), max_tokens=60, seed=seed,
+                             adaptive=False)  # fmt: skip
         pieces = [engine.target.token_bytes(t) for t in result.token_ids]
         if any(len(p) == 1 and p[0] >= 0x80 for p in pieces):
             break

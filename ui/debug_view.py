@@ -234,7 +234,8 @@ def top_table_html(run: Trace | None, index: int | None) -> str:
     )
     top_p, top_q = row.get("top_p", []), row.get("top_q", [])
     # a model draft draws from its head (sampling.draft_weights): fewer tokens than the list's length
-    q_title = f"draft q (its head: the {len(top_q)} it drew from)" if 0 < len(top_q) < len(top_p) else "draft q (top-10)"
+    head_only = 0 < len(top_q) < len(top_p)
+    q_title = f"draft q (its head: the {len(top_q)} it drew from)" if head_only else "draft q (top-10)"
     return (
         head + evidence + '<div class="ls-top-cols">'
         + column("target p (top-10)", top_p, COLOURS["bonus"])

@@ -15,7 +15,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from localspec.core.noise import gumbel_max_sample, stream_key
-from localspec.core.sampling import DRAFT_FLOOR, SamplingParams, draft_weights, greedy_token, is_plain_softmax, log_weights, weights
+from localspec.core.sampling import (
+    DRAFT_FLOOR,
+    SamplingParams,
+    draft_weights,
+    greedy_token,
+    is_plain_softmax,
+    log_weights,
+    weights,
+)
 from localspec.core.verify import (
     Verdict,
     verify_onehot,

@@ -470,9 +470,8 @@ def draft_weights(
     draws, and answers ``q(d)``, from the same few weights. What it saves is the draft's full-vocabulary
     pass: normalising ``q`` over 151,936 tokens in float64 and drawing from it cost ~0.4 ms a drafted
     token in the real pair's loop, about a sixth of a step's orchestration; the kept head costs one
-    comparison over the row. The tokens cut had ~0.1 % of a target row's mass between them, and the
-    renormalised head wins it back: acceptance did not drop (see :data:`DRAFT_FLOOR`). ``floor = 0``
-    keeps the full distribution."""
+    comparison over the row. What the cut tokens would have won, the renormalised head wins back:
+    acceptance did not drop (see :data:`DRAFT_FLOOR`). ``floor = 0`` keeps the full distribution."""
     if floor <= 0.0 or params.greedy:
         return weights(logits, params, history, vocab_size)
     size = vocab_size if vocab_size is not None else len(logits)
