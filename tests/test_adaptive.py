@@ -457,12 +457,13 @@ def cpu_verify(rows: int) -> float:
 
 def test_measured_costs_leave_both_caches_as_they_were() -> None:
     target = ClockedLM(V, seed=1, cost=cpu_verify)
-    draft = ClockedLM(V, seed=2, cost=lambda rows: 0.015 * rows)
+    draft = ClockedLM(V, seed=2, cost=lambda rows: 0.015 + 0.002 * rows)  # a batch reads 2 ms a token
     target.extend([1, 2, 3], 1)
     draft.extend([1, 2], 1)
     costs = measure_costs(target, draft)
     assert costs.verify_s == {n: pytest.approx(cpu_verify(n)) for n in (1, 2, 3, 4, 8, 16)}
-    assert costs.draft_token_s == pytest.approx(0.015)
+    assert costs.draft_token_s == pytest.approx(0.017)
+    assert costs.catch_up_token_s == pytest.approx(0.002)  # beyond the usual two tokens, per token
     assert (target.cache, draft.cache) == ([1, 2, 3], [1, 2])
     assert measure_costs(ToyLM(V, seed=1), ToyLM(V, seed=2)) == Costs()  # no clock: nothing to start from
 
@@ -616,6 +617,29 @@ def test_a_hopeless_draft_is_never_made_to_catch_up_only_timed_again() -> None:
     for rows in range(2, 10):
         controller.observe(rows - 1, 0, 0, 0.0, gpu_verify(rows), 1e-4)  # cheap batches seen (e.g. on lookup steps)
     assert any(controller.choose(None).k > 0 for _ in range(64))
+
+
+#: The real pair's target on the AMX VM: seconds per verification batch, by rows (one calibration)
+REAL_PAIR_VERIFY = {1: 0.0389, 2: 0.0445, 3: 0.0489, 4: 0.0584, 8: 0.0910, 16: 0.1524}
+
+
+@pytest.mark.parametrize("timed, drafts", [(0.0018, True), (None, False)])
+def test_a_catch_up_timed_before_the_first_step_lets_the_model_start(timed, drafts) -> None:
+    """The real pair's costs: a drafted token 12 ms, a token the draft reads in a catch-up 1.8 ms. A
+    reply's 100-token prompt, which the draft has not read, pays for itself in 64 tokens only at the
+    measured rate; at the old guess (half a drafted token each: 6 ms, 0.6 s for the prompt) the model
+    never started, and a reply that never drafts never times a catch-up to correct the guess (the
+    negative control: no timing, no drafting in 40 steps)."""
+    controller = AdaptiveK(0, 8)
+    controller.seed(Costs(REAL_PAIR_VERIFY, 0.012, timed))
+    controller.new_reply()
+    ks = []
+    for step in range(40):  # the draft sits out, so its backlog grows with the reply
+        ks.append(controller.choose(None, backlog=100 + step).k)
+        if ks[-1]:
+            break
+        controller.observe(0, 0, 0, 0.0, REAL_PAIR_VERIFY[1], 4e-4)
+    assert (ks[-1] > 0) == drafts, ks
 
 
 @pytest.mark.parametrize("backlog, probes", [(2, True), (2000, False)])

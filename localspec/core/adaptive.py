@@ -154,6 +154,8 @@ class AdaptiveK:
             self._seeded[rows] = (self._observed, seconds)
         if costs.draft_token_s is not None:
             self._draft.append(costs.draft_token_s)
+        if costs.catch_up_token_s is not None:
+            self._catch_up.append(costs.catch_up_token_s)
         self._dirty = True
         self._cache.clear()
 

@@ -20,23 +20,40 @@ from dataclasses import dataclass, field
 from localspec.core.model import LanguageModel
 
 VERIFY_ROWS = (1, 2, 3, 4, 8, 16)  # batch sizes timed on the target
+CATCH_UP_TOKENS = 32  # a catch-up timed on the draft: this many tokens beyond the usual two, one logits row
 
 
 @dataclass(frozen=True)
 class Costs:
-    """Seconds per verification batch of ``rows`` rows, and per drafted token (None: no draft model)."""
+    """Seconds per verification batch of ``rows`` rows, per drafted token, and per token a draft reads
+    that it sat out (a catch-up; both None: no draft model)."""
 
     verify_s: dict[int, float] = field(default_factory=dict)
     draft_token_s: float | None = None
+    catch_up_token_s: float | None = None
 
 
 def measure_costs(target: LanguageModel, draft: LanguageModel | None = None, rows=VERIFY_ROWS) -> Costs:
-    """Time one batch of each size on ``target`` and one token on ``draft``, leaving both caches as found.
-    A model whose decode clock does not move (a toy) yields no costs: nothing to start from."""
+    """Time one batch of each size on ``target``, and one token and one catch-up on ``draft``, leaving both
+    caches as found. A model whose decode clock does not move (a toy) yields no costs: nothing to start
+    from.
+
+    The catch-up decides whether the model drafts at all in a reply whose prompt the draft has not read:
+    it must pay for itself within a horizon of tokens. Without a timing the controller guessed half a
+    drafted token per token read, and on the real pair (a token 12 ms, a token read 2.4-3 ms) that
+    guess kept the model out of whole sessions: a reply never drafted, so no catch-up was ever timed
+    to correct it (per-function profile of the bench prompts: 5 model steps in 555, against 168 in 232
+    when the first reply happened to start drafting)."""
     verify = {n: _batch_seconds(target, n) for n in rows if n + 2 <= target.context_size}
     verify = _retime_spikes(target, verify)
-    draft_s = _batch_seconds(draft, 1) if draft is not None else None
-    return Costs({n: s for n, s in verify.items() if s > 0}, draft_s if draft_s else None)
+    draft_s = catch_up_s = None
+    if draft is not None:
+        draft_s = _batch_seconds(draft, 1)
+        if CATCH_UP_TOKENS + 4 <= draft.context_size:
+            usual = _batch_seconds(draft, 2, logits=1)
+            catch_up_s = (_batch_seconds(draft, 2 + CATCH_UP_TOKENS, logits=1) - usual) / CATCH_UP_TOKENS
+    return Costs({n: s for n, s in verify.items() if s > 0}, draft_s or None,
+                 catch_up_s if catch_up_s and catch_up_s > 0 else None)  # fmt: skip
 
 
 def _retime_spikes(target: LanguageModel, verify: dict[int, float]) -> dict[int, float]:
@@ -66,8 +83,9 @@ def token_seconds(model: LanguageModel) -> float:
     return _batch_seconds(model, 1, warm_up=False)
 
 
-def _batch_seconds(model: LanguageModel, rows: int, warm_up: bool = True) -> float:
-    """Seconds to evaluate ``rows`` tokens (with every row's logits, as verification does) after the cache.
+def _batch_seconds(model: LanguageModel, rows: int, warm_up: bool = True, logits: int | None = None) -> float:
+    """Seconds to evaluate ``rows`` tokens after the cache, with every row's logits as verification does
+    (``logits``: only the last ones, as a draft's catch-up does).
 
     A one-row decode first warms caches and threads. The cache is rolled back afterwards; where it is
     too full to append to, its tail is dropped first (the next request re-evaluates it).
@@ -82,7 +100,7 @@ def _batch_seconds(model: LanguageModel, rows: int, warm_up: bool = True) -> flo
             model.extend([token], 1)
             model.truncate(start)
         began = model.decode_seconds
-        model.extend([token] * rows, rows)
+        model.extend([token] * rows, rows if logits is None else logits)
         return model.decode_seconds - began
     finally:
         model.truncate(start)
