@@ -40,10 +40,10 @@ def measure_costs(target: LanguageModel, draft: LanguageModel | None = None, row
 
     The catch-up decides whether the model drafts at all in a reply whose prompt the draft has not read:
     it must pay for itself within a horizon of tokens. Without a timing the controller guessed half a
-    drafted token per token read, and on the real pair (a token 12 ms, a token read 2.4-3 ms) that
-    guess kept the model out of whole sessions: a reply never drafted, so no catch-up was ever timed
-    to correct it (per-function profile of the bench prompts: 5 model steps in 555, against 168 in 232
-    when the first reply happened to start drafting)."""
+    drafted token per token read, and on the real pair (a drafted token 12 ms, a token read 1.8 ms)
+    that guess could keep the model out of a whole session: a reply never drafted, so no catch-up was
+    ever timed to correct it (per-function profile of the bench prompts: 5 model steps in 555; with
+    this timing, 208 in 281). The timing costs the first request ~0.1 s."""
     verify = {n: _batch_seconds(target, n) for n in rows if n + 2 <= target.context_size}
     verify = _retime_spikes(target, verify)
     draft_s = catch_up_s = None
