@@ -182,11 +182,15 @@ class Bench:
         self.reference = reference_generator(engine, num_pred_tokens=10) if settings.reference else None
         self.base_params = engine.config.sampling.params()
         self.servers = {}
+        self.llama_cpp_placement: str | None = None  # where llama-server's weights were, for the report
         if settings.llama_cpp:
             draft = engine.config.resolve_path(engine.config.model.draft) if engine.draft_model is not None else None
+            default_runs = llama_cpp_default_runs()
+            self.llama_cpp_placement = ("weights in its default placement (extra buffers)" if default_runs
+                                        else "weights in plain memory (--no-repack)")  # fmt: skip
             self.servers = start_servers(settings.llama_cpp, server_configs(), engine.target_path, draft,
                                          engine.target.threads, engine.target.context_size, engine.settings.use_mmap,
-                                         llama_cpp_default_runs())  # fmt: skip
+                                         default_runs)  # fmt: skip
             self.variants = [v for v in self.variants if v.drafter != "llama.cpp" or v.name in self.servers]
 
     def close(self) -> None:
@@ -261,7 +265,8 @@ def run_bench(engine, settings: BenchSettings, progress: Callable[[str, int, int
         if progress:
             progress("done", total, total)
         _attach_speedups(runs, variants)
-        return _report(engine, settings, variants, prompts, tokens, runs, time.perf_counter() - started)
+        return _report(engine, settings, variants, prompts, tokens, runs, time.perf_counter() - started,
+                       bench.llama_cpp_placement)  # fmt: skip
     finally:
         bench.close()
 
@@ -356,7 +361,8 @@ def _stat(values: list[float]) -> dict[str, float] | None:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _report(engine, settings, variants, prompts, tokens, runs: list[Measurement], seconds: float) -> dict[str, Any]:
+def _report(engine, settings, variants, prompts, tokens, runs: list[Measurement], seconds: float,
+            llama_cpp_placement: str | None = None) -> dict[str, Any]:  # fmt: skip
     rows = []
     for variant in variants:
         mine = [r for r in runs if r.variant == variant.name]
@@ -415,9 +421,7 @@ def _report(engine, settings, variants, prompts, tokens, runs: list[Measurement]
             "adaptive_range": [settings.min_draft_tokens, settings.max_draft_tokens],
             "prompts": [{"name": p["name"], "tokens": len(tokens[p["name"]])} for p in prompts],
             "order": "interleaved: for each repeat, for each prompt, every variant in turn",
-            "llama_cpp_placement": (
-                ("weights in its default placement (extra buffers)" if llama_cpp_default_runs() else "weights in plain memory (--no-repack)") if settings.llama_cpp else None
-            ),
+            "llama_cpp_placement": llama_cpp_placement,
         },
         "variants": rows,
         "runs": [r.to_dict() for r in runs],

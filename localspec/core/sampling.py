@@ -276,6 +276,18 @@ def _index_at(weights: np.ndarray, x: float, cdf: np.ndarray, block: int) -> int
     return start + j
 
 
+def _exp_scaled(raw: np.ndarray, best: np.float64, scale: float, out: np.ndarray) -> np.ndarray:
+    """``exp((raw - best) * scale)`` in float64, written into ``out``: the one way a weight is computed from
+    a raw logit (a slice of a row, one element of it, a draft's head), so every path gets the same bits.
+    Cast, then subtract: the fused ``subtract(raw, best, dtype=float64)``'s bits, a quarter faster (13 ->
+    10 us a slice of 32,768: a plain cast loop, no casting buffer)."""
+    np.copyto(out, raw)
+    out -= best
+    out *= scale
+    np.exp(out, out=out)
+    return out
+
+
 class Weights:
     """A distribution kept unnormalised, ``p = w / total``: what the hot path passes around.
 
@@ -355,11 +367,7 @@ class Weights:
             return part
         raw = self._raw[start : start + size]
         part = (out if out is not None else np.empty(raw.shape[0]))[: raw.shape[0]]
-        np.copyto(part, raw)  # exact; then the float64 subtract: subtract(raw, best, dtype=float64)'s bits, a
-        part -= self._best  # quarter faster (13 -> 10 us a slice: a plain cast loop, no casting buffer)
-        part *= self._scale
-        np.exp(part, out=part)
-        return part
+        return _exp_scaled(raw, self._best, self._scale, part)
 
     @property
     def w(self) -> np.ndarray:
@@ -480,9 +488,7 @@ def draft_weights(
         best = _checked_max(raw)
         scale = 1.0 / params.temperature
         ids = np.flatnonzero(raw >= raw.dtype.type(best + np.log(floor) / scale))
-        vals = np.subtract(raw[ids], np.float64(best), dtype=np.float64)  # each weight as Weights.of_logits
-        vals *= scale
-        np.exp(vals, out=vals)
+        vals = _exp_scaled(raw[ids], np.float64(best), scale, np.empty(ids.shape[0]))
     else:
         row = log_weights(logits, params, history, size)  # top weight exp(0) = 1
         ids = np.flatnonzero(row >= np.log(floor))
