@@ -32,7 +32,7 @@ WHEEL_DIR   := $(WHEEL_CACHE)/llama-cpp-python-$(LLAMA_CPP)-$(WHEEL_KEY)
 STAMP       := $(VENV)/.localspec-$(WHEEL_KEY)
 PIP         := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: run install install-dev models test test-fast bench bench-llama-cpp llama-cpp-tools doctor clean
+.PHONY: run install install-dev models test test-fast bench bench-llama-cpp llama-cpp-tools doctor gpu-pack clean
 
 run: install
 	$(BIN)/localspec ui
@@ -100,6 +100,10 @@ bench-llama-cpp: install llama-cpp-tools
 
 doctor: install
 	$(BIN)/localspec doctor
+
+# what the GPU check (gpu/check.sh, docs/gpu.md) carries to a lent GPU machine: .gpu/ and .gpu2/
+gpu-pack: models
+	gpu/pack.sh $(BIN)/python $(LLAMA_CPP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

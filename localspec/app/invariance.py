@@ -77,6 +77,18 @@ def _sequential_vs_batch(model: LanguageModel, start: int, probe: list[int]) -> 
     return np.stack(sequential), np.stack(batched)
 
 
+def row_count_diffs(model: LanguageModel, tokens: list[int], sizes) -> dict[int, float]:
+    """Largest |difference| between a batch of each size in ``sizes`` and the same tokens one at a time,
+    after 16 cached tokens (0.0: bit-identical, the token decoded after each included)."""
+    model.truncate(0)
+    model.extend(tokens[:16], 0)
+    found = {}
+    for size in sizes:
+        a, b = _sequential_vs_batch(model, 16, tokens[16 : 16 + size])
+        found[size] = _diff(a, b)
+    return found
+
+
 def measure_batch_invariance(model: LanguageModel, tokens: list[int]) -> InvarianceReport:
     """The comparisons that decide whether speculative and target-only logits can differ.
 
@@ -90,11 +102,8 @@ def measure_batch_invariance(model: LanguageModel, tokens: list[int]) -> Invaria
     probe = tokens[n : n + PROBE_BATCH]
     diffs: list[tuple[str, float, int]] = []
 
-    model.truncate(0)
-    model.extend(tokens[:16], 0)
-    for size in PROBE_SIZES:
-        a, b = _sequential_vs_batch(model, 16, tokens[16 : 16 + size])
-        diffs.append((f"verify batch of {size} at position 16", _diff(a, b), len(a)))
+    for size, diff in row_count_diffs(model, tokens, PROBE_SIZES).items():
+        diffs.append((f"verify batch of {size} at position 16", diff, size + 1))
 
     model.truncate(0)
     whole = model.extend(tokens[: n + 1], 1)
@@ -189,6 +198,16 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
             "rebuild with `make install` (it builds with -DGGML_LLAMAFILE=OFF)",
         )
     tried = " or ".join(f"{name.replace('_', ' ')} off" for name in on) or "no setting"
+    device = facts.get("device", "CPU")
+    if device != "CPU":
+        return Diagnosis(
+            f"not found: {tried} did not make {report.model} invariant on {device}; llama.cpp's GPU kernels for a "
+            "batch of rows are not those for one row (in its CUDA source: quantized matmuls change their reduction "
+            "at 5 rows and their kernel above 8, and F16 attention products take the one-row kernel for one row only)",
+            "none on this GPU yet: greedy and invariant output may differ from target-only where two tokens nearly "
+            "tie; rejection mode (the default) stays exact by its rule; model.n_gpu_layers: 0 keeps the target on "
+            "the CPU, where it is invariant",
+        )
     return Diagnosis(
         f"not found: {tried} did not make {report.model} ({weight}) invariant on this build",
         "none known; greedy and invariant output may differ from target-only with this model — "
@@ -218,7 +237,9 @@ def _explain(overrides: dict[str, bool], facts: dict[str, str]) -> tuple[str, st
                 "target without extra buffers by themselves (slower), or set LOCALSPEC_EXTRA_BUFFERS=0"
             )
     if "flash_attention" in overrides:
-        causes.append("flash attention (on CPU it changes batched logits past position 256)")
+        device = facts.get("device", "CPU")
+        causes.append("flash attention (on CPU it changes batched logits past position 256)" if device == "CPU"
+                      else f"flash attention (its kernels on {device} change with the number of rows)")  # fmt: skip
         fixes.append("set model.flash_attention: false (greedy and invariant modes turn it off by themselves)")
     return " together with ".join(causes), "; ".join(fixes)
 
@@ -264,7 +285,8 @@ def save_cached(path: Path, settings: dict, build: str, report: InvarianceReport
 
 
 def llama_build() -> dict[str, Any]:
-    """The installed llama.cpp: version, feature line, tiled matmul, GPU offload, wheel record (what the doctor prints)."""
+    """The installed llama.cpp: version, feature line, tiled matmul, GPU offload and devices, wheel record (what the
+    doctor prints)."""
     from localspec.llama import runtime
 
     return {
@@ -272,6 +294,8 @@ def llama_build() -> dict[str, Any]:
         "system_info": runtime.system_info(),
         "tiled_matmul": runtime.tiled_matmul_enabled(),
         "gpu_offload": runtime.gpu_offload_supported(),
+        "devices": runtime.devices(),  # every device llama.cpp sees (the CPU included)
+        "gpus": runtime.offload_devices(),  # those it offloads layers to
         "tiled_invariant": runtime.tiled_matmul_invariant(),
         "stamp": runtime.build_stamp() or {},  # what `make install` recorded about the wheel
     }
@@ -289,7 +313,9 @@ def build_facts(model) -> dict[str, str]:
     """What :func:`diagnose` quotes about a loaded target and the installed build."""
     build = llama_build()
     stamp = build["stamp"]
+    offload = model.placement.offload
     return {
+        "device": " + ".join(offload.devices) if offload.output_on_gpu else "CPU",  # where the target computes
         "weight_type": model.description,
         "buffers": " + ".join(model.weight_buffers) or "?",
         "patched": "yes" if "q4k" in stamp.get("patches", "") else "no",
@@ -300,5 +326,7 @@ def build_facts(model) -> dict[str, str]:
 
 def suspects(model, settings) -> dict[str, bool]:
     """Load settings that can break invariance and whether each is in effect for ``model``."""
-    repacked = any(kind not in ("CPU", "CPU_Mapped") for kind in model.weight_buffers)
+    from localspec.llama.runtime import cpu_extra_buffer_types
+
+    repacked = any(kind in cpu_extra_buffer_types() for kind in model.weight_buffers)  # AMX, CPU_REPACK; not a GPU's
     return {"extra_buffers": bool(model.placement.extra_buffers and repacked), "flash_attention": bool(settings.flash_attention)}

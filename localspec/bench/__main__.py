@@ -1,4 +1,4 @@
-"""``python -m localspec.bench sampler|kernels [...]``; the end-to-end benchmark is ``localspec bench``."""
+"""``python -m localspec.bench sampler|kernels|gpu [...]``; the end-to-end benchmark is ``localspec bench``."""
 
 import sys
 
@@ -8,6 +8,7 @@ def main() -> int:
     if not args or args[0] in ("-h", "--help"):
         print("usage: python -m localspec.bench sampler [--repeats N] [--vocab V] [-k K] [--mode M]")
         print("       python -m localspec.bench kernels [--pair NAME] [--model target|draft] [--repeats N]")
+        print("       python -m localspec.bench gpu --model LABEL=PATH ... [--pair TARGET:DRAFT] [--llama-bench BIN]")
         print("end to end: `localspec bench` (see `localspec bench --help`)")
         return 0
     if args[0] == "sampler":
@@ -18,7 +19,11 @@ def main() -> int:
         from .kernels import main as kernels_main
 
         return kernels_main(args[1:])
-    print(f"unknown benchmark {args[0]!r}; use 'sampler' or 'kernels' (end to end: `localspec bench`)", file=sys.stderr)
+    if args[0] == "gpu":
+        from .gpu import main as gpu_main
+
+        return gpu_main(args[1:])
+    print(f"unknown benchmark {args[0]!r}; use 'sampler', 'kernels' or 'gpu' (end to end: `localspec bench`)", file=sys.stderr)
     return 2
 
 

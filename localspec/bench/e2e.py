@@ -321,8 +321,8 @@ def _attach_speedups(runs: list[Measurement], variants: Sequence[Variant]) -> No
 
 
 def machine(engine) -> dict[str, Any]:
-    """The CPU the numbers come from and the flags that decide them (AMX, AVX-512, repacked weights):
-    the same bench differs by 1.5x between CPUs with and without AMX."""
+    """The GPU and CPU the numbers come from and what decides them (the layers offloaded; AMX, AVX-512,
+    repacked weights): the same bench differs by 1.5x between CPUs with and without AMX."""
     model = platform.processor() or platform.machine()
     flags: set[str] = set()
     try:
@@ -335,7 +335,10 @@ def machine(engine) -> dict[str, Any]:
     except OSError:
         pass
     wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+    models = {"target": engine.target, "draft": engine.draft_model}
     return {
+        "gpus": [gpu.line() for gpu in llama_build()["gpus"]] if engine.settings.n_gpu_layers != 0 else [],
+        "offload": {role: m.placement.offload.describe() for role, m in models.items() if m is not None},
         "cpu": model,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "flags": [f for f in wanted if f in flags],
@@ -429,6 +432,28 @@ def _report(engine, settings, variants, prompts, tokens, runs: list[Measurement]
     }
 
 
+def hardware_line(report: dict[str, Any]) -> str:
+    """The table's first line: the GPU (and where each model's layers are), the CPU, the weight buffers."""
+    machine_info = report.get("machine", {})
+    offload = machine_info.get("offload", {})
+    parts = []
+    if machine_info.get("gpus"):
+        where = f"target {offload.get('target', '?')}" + (f", draft {offload['draft']}" if "draft" in offload else "")
+        parts.append(f"GPU: {', '.join(machine_info['gpus'])}; {where}")
+    parts.append(
+        f"CPU: {machine_info.get('cpu', '?')}, {machine_info.get('cores', '?')} cores visible, "
+        f"{' '.join(machine_info.get('flags', [])) or 'no AVX2/AVX-512/AMX'}"
+    )
+    buffers = f"target weights in {', '.join(machine_info.get('weight_buffers', [])) or '?'}"
+    if machine_info.get("draft_weight_buffers"):
+        buffers += f"; draft weights in {', '.join(machine_info['draft_weight_buffers'])}"
+        buffers += ", one row per decode" if machine_info.get("draft_rows_per_decode") == 1 else ""
+    parts.append(buffers)
+    if placement := report["settings"].get("llama_cpp_placement"):
+        parts.append(f"llama-server {placement}")
+    return "; ".join(parts)
+
+
 # ----------------------------------------------------------------------
 def render_table(report: dict[str, Any]) -> str:
     """The README table (markdown): medians with min–max."""
@@ -438,14 +463,8 @@ def render_table(report: dict[str, Any]) -> str:
             return "–"
         return f"{fmt.format(stat['median'])}{suffix} ({fmt.format(stat['min'])}–{fmt.format(stat['max'])})"
 
-    machine_info = report.get("machine", {})
     lines = [
-        f"CPU: {machine_info.get('cpu', '?')}, {machine_info.get('cores', '?')} cores visible, "
-        f"{' '.join(machine_info.get('flags', [])) or 'no AVX2/AVX-512/AMX'}; target weights in "
-        f"{', '.join(machine_info.get('weight_buffers', [])) or '?'}"
-        + (f"; draft weights in {', '.join(machine_info['draft_weight_buffers'])}" if machine_info.get("draft_weight_buffers") else "")
-        + (", one row per decode" if machine_info.get("draft_rows_per_decode") == 1 else "")
-        + (f"; llama-server {placement}" if (placement := report["settings"].get("llama_cpp_placement")) else ""),
+        hardware_line(report),
         "",
         "| variant | tok/s | speedup | acceptance | tokens/step | mean K | draft / verify / other | predicted | at acceptance 1 | measured/predicted |",
         "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",

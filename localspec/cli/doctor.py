@@ -58,21 +58,51 @@ def _tiled_line(build: dict) -> str:
 
 
 def machine_lines(config: Config, build: dict) -> list[str]:
-    """Backend, threads and whether the memory holds the configured models."""
-    info = build["system_info"]
-    backend_name = "CUDA" if "CUDA" in info else "Metal" if "METAL" in info.upper() else "CPU"
-    memory = psutil.virtual_memory()
+    """Backend and devices, threads, and whether the memory the models load into holds them."""
+    gpus = build["gpus"] if config.model.n_gpu_layers != 0 else ()
     paths = [config.resolve_path(spec) for spec in (config.model.target, config.model.draft)
              if spec.lower() not in ("none", "ngram")]  # fmt: skip
     need = sum(path.stat().st_size for path in paths if path.exists())
-    verdict = "enough" if memory.available > need * 1.2 else "NOT enough — expect swapping or a failed load"
     return [
-        f"backend: {backend_name}; GPU offload {'supported' if build['gpu_offload'] else 'not available'}",
+        backend_line(build, gpus, config.model.n_gpu_layers),
         f"threads: {llama_settings(config).resolved_threads()} (of {os.cpu_count()} logical CPUs); "
         f"flash attention {'on' if config.model.flash_attention else 'off'}; n_ctx {config.model.n_ctx}",
-        f"memory: {memory.available / 2**30:.1f} GiB free of {memory.total / 2**30:.1f} GiB; "
-        f"models need {need / 2**30:.2f} GiB: {verdict}",
+        memory_line(need, gpus),
     ]
+
+
+def backend_line(build: dict, gpus: tuple, n_gpu_layers: int) -> str:
+    """Where the models compute: the GPUs llama.cpp offloads to (named, with their memory), or the CPU and why."""
+    if gpus:
+        layers = "all layers" if n_gpu_layers < 0 else f"up to {n_gpu_layers} layers (model.n_gpu_layers)"
+        return f"backend: {gpus[0].backend} — {', '.join(gpu.line() for gpu in gpus)}; {layers} offloaded"
+    cpu = next((device for device in build["devices"] if device.kind == "CPU"), None)
+    where = f" ({cpu.description})" if cpu and cpu.description else ""
+    if not build["gpu_offload"]:
+        return f"backend: CPU{where}; this build has no GPU backend"
+    if n_gpu_layers == 0:
+        return f"backend: CPU{where}; GPU offload off (model.n_gpu_layers: 0)"
+    return f"backend: CPU{where}; this build can offload to a GPU but llama.cpp found none"
+
+
+def memory_line(need: int, gpus: tuple) -> str:
+    """Whether the models fit: in the GPUs' free memory when they offload, else in free RAM."""
+    if gpus:
+        free = sum(gpu.free_bytes for gpu in gpus)
+        verdict = "enough" if free > need * 1.2 else "NOT enough — lower model.n_gpu_layers to keep layers on the CPU"
+        names = " + ".join(gpu.name for gpu in gpus)
+        return f"GPU memory: {free / 2**30:.1f} GiB free on {names}; models need {need / 2**30:.2f} GiB: {verdict}"
+    memory = psutil.virtual_memory()
+    verdict = "enough" if memory.available > need * 1.2 else "NOT enough — expect swapping or a failed load"
+    return (f"memory: {memory.available / 2**30:.1f} GiB free of {memory.total / 2**30:.1f} GiB; "
+            f"models need {need / 2**30:.2f} GiB: {verdict}")  # fmt: skip
+
+
+def weights_line(model) -> str:
+    """Where one model's weights went: each buffer with its size, rows per decode, and why."""
+    rows = "one row per decode" if model.rows_per_decode == 1 else f"up to {model.rows_per_decode} rows per decode"
+    buffers = " + ".join(f"{name} {mib:,.0f} MiB" for name, mib in model.weight_buffer_mib.items()) or "?"
+    return f"weights ({model.role}): {buffers}, {rows} — {model.placement.reason}"
 
 
 def pair_lines(config: Config) -> list[str]:
@@ -83,23 +113,29 @@ def pair_lines(config: Config) -> list[str]:
         return [f"pair: {error}"]
     try:
         lines = [f"pair: {engine.pair_name} — compatible"]
-        for model in (engine.target, engine.draft_model):
-            if model is not None:
-                rows = "one row per decode" if model.rows_per_decode == 1 else f"up to {model.rows_per_decode} rows per decode"
-                lines.append(f"weights ({model.role}): {' + '.join(model.weight_buffers) or '?'} buffers, {rows} — {model.placement.reason}")
+        lines += [weights_line(model) for model in (engine.target, engine.draft_model) if model is not None]
         report = engine.invariance(refresh=True)  # the doctor measures, never quotes an old measurement
+        where = _computes_on(engine.target)
         lines.append("batch invariance (target): " + report.line())
         if engine.draft_model is not None:
             lines.append("batch invariance (draft, informational): " + measure_model(engine.draft_model).line())
         if report.identical:
-            return lines + ["verdict: greedy and invariant modes reproduce target-only output exactly"]
+            exact = "verdict: greedy and invariant modes reproduce target-only output exactly"
+            return lines + [f"{exact} (measured on {where})"]
         diagnosis = engine.diagnosis(refresh=True)
         verdict = (
             f"verdict: greedy and invariant modes reload the target with {diagnosis.turned_off} "
             "and then reproduce target-only output exactly"
             if diagnosis.remedy
-            else "verdict: greedy/invariant output may differ from target-only with this model and build"
+            else "verdict: greedy/invariant output may differ from target-only with this model and build (measured "
+            f"on {where}); rejection mode stays exact by its rule"
         )
         return lines + [f"cause: {diagnosis.cause}", f"fix: {diagnosis.fix}", verdict]
     finally:
         engine.close()
+
+
+def _computes_on(model) -> str:
+    """``CUDA0`` where the model's output layer is offloaded, else ``the CPU``."""
+    offload = model.placement.offload
+    return " + ".join(offload.devices) if offload.output_on_gpu else "the CPU"

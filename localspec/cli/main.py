@@ -39,6 +39,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "model.draft": ("--draft",),
     "model.n_ctx": ("--ctx",),
     "model.threads": ("--threads",),
+    "model.n_gpu_layers": ("--n-gpu-layers", "-ngl"),
     "chat.chat_template": ("--chat/--raw",),
     "chat.system_prompt": ("--system",),
     "ui.host": ("--host",),
@@ -312,7 +313,7 @@ def progress_bar() -> Iterator[tuple[Callable[[str, int, int], None], Callable[[
 
 # ----------------------------------------------------------------------
 @cli.command()
-@setting_flags(*PAIR_KEYS)
+@setting_flags(*PAIR_KEYS, "model.n_gpu_layers")
 @click.pass_obj
 def doctor(state: AppState, **kwargs: Any) -> None:
     """Check the build, the machine, and whether batched logits are bit-identical to sequential ones."""
@@ -407,7 +408,7 @@ def chat(state: AppState, no_color: bool, show_status: bool | None, **kwargs: An
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench.png", show_default=True,
               help="Where the PNG plot is written.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as one JSON object.")
-@setting_flags(*PAIR_KEYS, "model.n_ctx", "model.threads")
+@setting_flags(*PAIR_KEYS, "model.n_ctx", "model.threads", "model.n_gpu_layers")
 @click.pass_obj
 def bench(state: AppState, repeats: int, max_tokens: int, variants: str | None, prompt_names: str | None,
           draft_tokens: int | None, max_k: int, temperature: float | None, reference: bool, llama_cpp: str | None,

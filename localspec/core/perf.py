@@ -58,6 +58,19 @@ def model_speedup(expected: float, t_target: float, decode_s: float) -> float | 
     return expected * t_target / decode_s
 
 
+def best_draft_length(alpha: float, t_draft: float, t_verify: dict[int, float], t_target: float) -> tuple[int, float]:
+    """The K that the model predicts fastest, and its speedup over target-only, from measured costs:
+    ``E[tokens](alpha, K) * t_target / (K * t_draft + t_verify[K + 1])`` over every ``K + 1`` in ``t_verify``
+    (seconds per decode of that many rows; K = 0, the target alone, is always a candidate)."""
+    best = (0, 1.0)
+    for rows, seconds in sorted(t_verify.items()):
+        k = rows - 1
+        if k >= 1:
+            speedup = expected_tokens_per_step(alpha, k) * t_target / (k * t_draft + seconds)
+            best = max(best, (k, speedup), key=lambda pair: pair[1])
+    return best
+
+
 MIN_TOKENS_TO_JUDGE = 32  # below this a reply's speed is mostly start-up and adaptive K's prior
 FASTER_FROM = 1.05  # a measured speedup from here on is "faster" ...
 SLOWER_BELOW = 0.95  # ... and below this "slowing things down"; in between, break-even

@@ -30,8 +30,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from localspec.core.errors import IncompatiblePairError, ModelError, PromptTooLongError
-from localspec.llama.placement import WeightPlacement, apply_placement, weight_placement
-from localspec.llama.runtime import C, compute, log
+from localspec.llama.placement import (
+    CPU_ONLY,
+    WeightPlacement,
+    apply_placement,
+    model_layers,
+    offload_plan,
+    weight_placement,
+)
+from localspec.llama.runtime import C, compute, log, offload_devices
 
 GGUF_MAGIC = b"GGUF"
 _VOCAB_TYPES = {0: "none", 1: "SentencePiece (SPM)", 2: "byte-level BPE", 3: "WordPiece", 4: "Unigram (T5)", 5: "RWKV", 6: "PLaMo-2"}
@@ -76,6 +83,19 @@ def check_gguf_file(path: Path, role: str) -> None:
         raise ModelError(f"{role} model {path} is truncated ({size} bytes); {hint}")
 
 
+def choose_placement(settings: LlamaSettings, role: str, path: Path) -> WeightPlacement:
+    """Where ``role``'s weights go under ``settings``: llama.cpp's GPU split first, then for what stays on
+    the CPU the placement :func:`weight_placement` chooses, or the extra buffers ``settings`` forces."""
+    gpus = tuple(device.name for device in offload_devices()) if settings.n_gpu_layers != 0 else ()
+    offload = offload_plan(model_layers(path), settings.n_gpu_layers, gpus) if gpus else CPU_ONLY
+    if settings.extra_buffers is None:
+        return weight_placement(role, path, offload)
+    state = "on" if settings.extra_buffers else "off"
+    where = f"{offload.describe()}; " if offload.output_on_gpu else ""
+    return WeightPlacement(settings.extra_buffers, False, f"{where}extra buffers {state} (chosen for batch invariance)",
+                           offload=offload)  # fmt: skip
+
+
 # ----------------------------------------------------------------------
 # the model
 # ----------------------------------------------------------------------
@@ -96,7 +116,7 @@ class LlamaModel:
         self._lock = threading.RLock()
         check_gguf_file(self.path, role)
 
-        self.placement = self._placement(settings, role, self.path)
+        self.placement = choose_placement(settings, role, self.path)
         self._model = self._load_weights(on_progress)
         self._ctx = self._create_context()
         self._memory = C.llama_get_memory(self._ctx)
@@ -111,18 +131,11 @@ class LlamaModel:
         self.n_evaluated = 0  # tokens evaluated over the model's lifetime (KV-reuse tests and stats)
 
     # -- lifecycle ---------------------------------------------------------
-    @staticmethod
-    def _placement(settings: LlamaSettings, role: str, path: Path) -> WeightPlacement:
-        if settings.extra_buffers is None:
-            return weight_placement(role, path)
-        state = "on" if settings.extra_buffers else "off"
-        return WeightPlacement(settings.extra_buffers, False, f"extra buffers {state} (chosen for batch invariance)")
-
     def _load_weights(self, on_progress: Callable[[float], None] | None):
         """The weights, on the compute thread; a file llama.cpp cannot read is named with its log's reason."""
         settings = self.settings
         mparams = C.llama_model_default_params()
-        mparams.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999_999
+        mparams.n_gpu_layers = settings.n_gpu_layers  # llama.cpp's own rule: negative offloads every layer
         mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP if settings.use_mmap else C.LLAMA_LOAD_MODE_NONE
         self._overrides = apply_placement(self.placement, self.path, mparams)  # kept: read during the load
         if on_progress is not None:
@@ -144,7 +157,8 @@ class LlamaModel:
                 + "; the file is truncated or corrupt — re-download it or run `localspec models prepare`"
             )
         self._model = model
-        self.weight_buffers = tuple(log().model_buffers)  # e.g. ("AMX", "CPU_Mapped")
+        self.weight_buffer_mib = dict(log().model_buffers)  # e.g. {"CUDA0": 934.4, "CPU_Mapped": 223.4}
+        self.weight_buffers = tuple(self.weight_buffer_mib)  # e.g. ("AMX", "CPU_Mapped")
         self._vocab = C.llama_model_get_vocab(model)
         self._n_vocab = int(C.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(C.llama_model_n_ctx_train(model))

@@ -1,4 +1,5 @@
-"""Where a model's weights go: llama.cpp's extra (AMX / repacked) CPU buffers or plain memory."""
+"""Where a model's weights go: the layers llama.cpp offloads to a GPU, and for what stays on the CPU its extra
+(AMX / repacked) buffers or plain memory."""
 
 from __future__ import annotations
 
@@ -26,89 +27,130 @@ MATMUL_WEIGHT = re.compile(r"^(blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down)
 
 
 @dataclass(frozen=True)
+class Offload:
+    """Which of a model's layers llama.cpp puts on a GPU.
+
+    llama.cpp's rule (``llama_model::load_tensors``): ``n_gpu_layers`` counts
+    the output layer first, then repeating blocks from the last one down; the
+    token embeddings always stay on the CPU. Only the matrices that stay on
+    the CPU are the CPU placement's business (see :func:`weight_placement`).
+    """
+
+    layers: int  # repeating blocks in the model
+    gpu_blocks: int  # how many of them (the last ones) are on the GPU
+    output_on_gpu: bool
+    devices: tuple[str, ...] = ()  # where they go, e.g. ("CUDA0",)
+
+    @property
+    def everything(self) -> bool:
+        """Every block and the output layer on the GPU: no matrix stays on the CPU."""
+        return self.output_on_gpu and self.gpu_blocks >= self.layers
+
+    def on_cpu(self, tensor: str) -> bool:
+        """Whether the weight named ``tensor`` stays in CPU memory."""
+        if not self.output_on_gpu:  # the output layer is the first to go: without it, nothing went
+            return True
+        block = BLOCK.match(tensor)
+        if block:
+            return int(block.group(1)) < self.layers - self.gpu_blocks
+        return not tensor.startswith("output.")
+
+    def describe(self) -> str:
+        """``all 28 layers and the output on CUDA0``, ``4 of 28 layers and the output on CUDA0``, ``on the CPU``."""
+        if not self.output_on_gpu:
+            return "on the CPU"
+        where = " + ".join(self.devices) or "the GPU"
+        share = "all" if self.gpu_blocks >= self.layers else f"{self.gpu_blocks} of"
+        return f"{share} {self.layers} layers and the output on {where}"
+
+
+CPU_ONLY = Offload(0, 0, False)
+BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
+def offload_plan(layers: int, n_gpu_layers: int, gpus: tuple[str, ...]) -> Offload:
+    """llama.cpp's split for a model of ``layers`` blocks loaded with ``n_gpu_layers`` (negative: all) onto
+    ``gpus`` (the names of :func:`~localspec.llama.runtime.offload_devices`; none: everything on the CPU)."""
+    if not gpus or n_gpu_layers == 0:
+        return CPU_ONLY
+    offloaded = layers + 1 if n_gpu_layers < 0 else min(n_gpu_layers, layers + 1)  # the output counts as one
+    return Offload(layers, offloaded - 1, True, gpus)
+
+
+def model_layers(path: Path | str) -> int:
+    """The number of repeating blocks in a GGUF (from its tensor names)."""
+    blocks = [int(match.group(1)) for name, *_ in gguf_tensor_table(str(path)) if (match := BLOCK.match(name))]
+    return max(blocks) + 1 if blocks else 0
+
+
+@dataclass(frozen=True)
 class WeightPlacement:
-    """Whether a model may use llama.cpp's extra CPU buffer types, and whether each token needs its own decode.
+    """Where a model's weights go: the GPU split, whether the CPU part may use llama.cpp's extra buffer
+    types, and whether each token needs its own decode.
 
     ``one_row_per_decode`` is only acted on where the AMX buffer really holds
-    weights (see :func:`weight_placement`); ``repack_only`` puts the matrices
-    llama.cpp can repack in its repacked buffer while ``extra_buffers`` is off
-    (so no AMX); ``reason`` is what the doctor shows.
+    weights (see :func:`weight_placement`); ``repack_only`` puts the CPU's
+    matrices that llama.cpp can repack in its repacked buffer while
+    ``extra_buffers`` is off (so no AMX); ``reason`` is what the doctor shows.
     """
 
     extra_buffers: bool
     one_row_per_decode: bool
     reason: str
     repack_only: bool = False
+    offload: Offload = CPU_ONLY
 
 
-def weight_placement(role: str, path: Path | str) -> WeightPlacement:
-    """Where ``role``'s weights go: AMX/repacked extra buffers or plain CPU memory.
+def weight_placement(role: str, path: Path | str, offload: Offload = CPU_ONLY) -> WeightPlacement:
+    """Where ``role``'s weights go: the layers ``offload`` puts on a GPU stay there, and the CPU placement
+    decides only for the matrices that stay on the CPU.
 
-    A build compiled with AMX (``-march=native`` on a Sapphire-Rapids-class
-    CPU) puts quantized weights (Q4_0/Q4_1/Q8_0/K-quants) in an AMX buffer.
-    Batches of two or more rows then run AMX tile instructions, which die with
-    SIGILL (``tileloadd``) on VMs that advertise AMX but do not enable its tile
-    state (measured here: Firecracker guests). Batches of one row take a
-    separate AVX512-VNNI path with no tiles. So on AMX builds a model either
-    keeps the AMX buffer and is fed **one row per decode**, or loads without it
-    — with its Q4_0/Q4_K matrices still in llama.cpp's repacked buffer (what
-    non-AMX builds use), whose kernels need no tiles:
-
-    * the **target** takes it only where localspec's streamed-rows patch
-      (``patches/…speed-amx-streamed-rows.patch``) has kernels for nearly all
-      its matrices (``STREAMED_TYPES``; ``AMX_SHARE``): batches there unpack each
-      weight block once for up to 4 rows, and weights stream in order with a
-      prefetch. The real pair's 1.5B Q4_K_M target then decodes 1 / 2 / 3 / 4 / 8
-      rows in 46-48 / 54 / 60 / 64 / 96 ms, against 66 / 67 / 71 / 80 / 139
-      repacked (Sapphire Rapids VM, two cores); without the patch, batches ran
-      the one-row kernel once per row (2 rows 80 ms, 4 rows 106), and it took the
-      repacked buffer: 65 ms a token instead of 95 in plain memory, 2 rows in 59
-      ms instead of 106.
-    * the **draft** takes it only where AMX would hold nearly all its weights
-      (``AMX_SHARE``): SmolLM2 Q4_1 / Q4_0 then decode a token in
-      7.2 / 7.6 ms instead of 9.6 / 9.4 (two rows: 14.1 / 14.0 instead of
-      12.6 / 11.6, prompts 1.3-1.8x slower). Qwen2.5-0.5B Q4_K_M is 55 % Q5_0,
-      which AMX does not take: one row 24.5 ms against 26.6, but a two-row
-      catch-up 45.7 against 32.9 and a 300-token prompt 5.0 s against 1.7.
-      Requantized to Q4_0 (the default pair's draft) AMX holds all of it:
-      16.3 ms a token against 20.9 repacked, which paid more in the bench
-      than its slower prompt (2.7 s against 1.2) cost.
-
-    localspec's AMX patch (``patches/…speed-amx-rows-without-tiles.patch``) lifts the one-row rule: it
-    runs a batch's rows on the one-row kernels, each block of weights read once for all rows, so a draft
-    in the AMX buffer reads a prompt or a two-token catch-up in one decode (the Q4_0 0.5B: 2 rows in
-    17.6-18.0 ms against 24.2-25.3, a 300-token prompt in 0.83-0.85 s against 2.6-2.7).
+    A build compiled with AMX puts quantized weights in an AMX buffer, whose
+    batches of two or more rows run AMX tile instructions that die with SIGILL
+    on VMs that advertise AMX but do not enable its tile state. So on AMX
+    builds a model takes the AMX buffer only where batches there need no
+    tiles (localspec's AMX patches, with kernels for nearly all its CPU
+    matrices, ``AMX_SHARE``), else is fed one row per decode, else loads
+    without it, its Q4_0/Q4_K matrices still repacked (the kernels non-AMX
+    builds use). The target needs the streamed-rows patch's kernels
+    (``STREAMED_TYPES``), the draft any AMX kernels. The measurements behind
+    each choice are in the README (*CPU builds with AMX*).
 
     ``LOCALSPEC_EXTRA_BUFFERS=1`` says AMX tiles work here (normal batches,
     extra buffers for both); ``=0`` turns extra buffers off for both.
     """
+    if offload.everything:
+        return WeightPlacement(False, False, f"{offload.describe()} (no CPU extra buffers)", offload=offload)
+    on_gpu = offload.describe() + "; " if offload.output_on_gpu else ""
+
+    def placed(extra: bool, one_row: bool, reason: str, repack_only: bool = False) -> WeightPlacement:
+        return WeightPlacement(extra, one_row, on_gpu + reason, repack_only, offload)
+
     value = extra_buffers_choice()
     if value == "1":
-        return WeightPlacement(True, False, "extra buffers on (LOCALSPEC_EXTRA_BUFFERS=1)")
+        return placed(True, False, "extra buffers on (LOCALSPEC_EXTRA_BUFFERS=1)")
     if value == "0":
-        return WeightPlacement(False, False, "extra buffers off (LOCALSPEC_EXTRA_BUFFERS=0)")
+        return placed(False, False, "extra buffers off (LOCALSPEC_EXTRA_BUFFERS=0)")
     if "AMX_INT8 = 1" not in system_info():
-        return WeightPlacement(True, False, "extra buffers on (no AMX in this build)")
-    share = amx_share(path)
-    streamed = _streamed(path)
+        return placed(True, False, "extra buffers on (no AMX in this build)")
+    share = amx_share(path, offload=offload)
+    streamed = _streamed(path, offload)
+    amx = f"AMX build: AMX buffer ({share:.0%} of the CPU's weights)"
     if role == "target" and streamed:
-        return WeightPlacement(True, False, f"AMX build: AMX buffer ({share:.0%} of the weights), batches streamed, "
-                               "up to 4 rows per pass on its one-row kernels (no tile instructions)")  # fmt: skip
+        return placed(True, False, f"{amx}, batches streamed, up to 4 rows per pass on its one-row kernels "
+                      "(no tile instructions)")  # fmt: skip
     if role == "draft" and share >= AMX_SHARE:
         if amx_rows_without_tiles():
             how = "streamed, up to 4 rows per pass" if streamed else "row by row"
-            return WeightPlacement(True, False, f"AMX build: AMX buffer ({share:.0%} of the weights), batches {how} "
-                                   "on its one-row kernels (no tile instructions)")  # fmt: skip
-        return WeightPlacement(True, True, f"AMX build: AMX buffer ({share:.0%} of the weights), one row per decode (no tile instructions)")
-    return WeightPlacement(
-        False, False, f"AMX build: no AMX buffer ({share:.0%} of the weights would go there; batches would run "
-        "AMX tiles), Q4_0/Q4_K matrices repacked", repack_only=True,
-    )
+            return placed(True, False, f"{amx}, batches {how} on its one-row kernels (no tile instructions)")
+        return placed(True, True, f"{amx}, one row per decode (no tile instructions)")
+    return placed(False, False, f"AMX build: no AMX buffer ({share:.0%} of the CPU's weights would go there; batches "
+                  "would run AMX tiles), Q4_0/Q4_K matrices repacked", repack_only=True)  # fmt: skip
 
 
-def _streamed(path: Path | str) -> bool:
-    """Whether the build's streamed-rows kernels cover nearly all of the model's matrices (by bytes)."""
-    return amx_streamed_rows() and amx_share(path, STREAMED_TYPES) >= AMX_SHARE
+def _streamed(path: Path | str, offload: Offload = CPU_ONLY) -> bool:
+    """Whether the build's streamed-rows kernels cover nearly all of the model's CPU matrices (by bytes)."""
+    return amx_streamed_rows() and amx_share(path, STREAMED_TYPES, offload) >= AMX_SHARE
 
 
 def llama_cpp_default_runs() -> bool:
@@ -129,10 +171,11 @@ AMX_SHARE = 0.9  # share of a model's matrix bytes the AMX buffer (a target: its
 STREAMED_TYPES = ("Q4_0", "Q4_K", "Q6_K")  # the types with batch kernels in localspec's streamed-rows patch
 
 
-def amx_share(path: Path | str, types: tuple[str, ...] = AMX_TYPES) -> float:
-    """The share of the model's multiplied matrices (by bytes) in ``types`` (by default, those llama.cpp's
-    AMX buffer takes)."""
-    matrices = [(kind, size) for name, kind, _, _, size in gguf_tensor_table(str(path)) if MATMUL_WEIGHT.match(name)]
+def amx_share(path: Path | str, types: tuple[str, ...] = AMX_TYPES, offload: Offload = CPU_ONLY) -> float:
+    """The share of the model's multiplied matrices that stay on the CPU (by bytes) in ``types`` (by default,
+    those llama.cpp's AMX buffer takes)."""
+    table = gguf_tensor_table(str(path))
+    matrices = [(kind, size) for name, kind, _, _, size in table if MATMUL_WEIGHT.match(name) and offload.on_cpu(name)]
     total = sum(size for _, size in matrices)
     return sum(size for kind, size in matrices if kind in types) / total if total else 0.0
 
@@ -143,8 +186,8 @@ class TensorOverride(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-def repack_overrides(path: Path | str) -> ctypes.Array | None:
-    """A NULL-terminated override list sending ``path``'s repackable matrices to ``CPU_REPACK``; None if none.
+def repack_overrides(path: Path | str, offload: Offload = CPU_ONLY) -> ctypes.Array | None:
+    """A NULL-terminated override list sending ``path``'s repackable CPU matrices to ``CPU_REPACK``; None if none.
 
     llama.cpp offers its extra buffer types all or none (``use_extra_bufts``),
     and on AMX builds "all" means AMX first. An override names the buffer per
@@ -159,7 +202,7 @@ def repack_overrides(path: Path | str) -> ctypes.Array | None:
     names = [
         name
         for name, kind, dims, rows, _ in gguf_tensor_table(str(path))
-        if kind in REPACKED_TYPES and MATMUL_WEIGHT.match(name) and dims == 2 and rows % 8 == 0
+        if kind in REPACKED_TYPES and MATMUL_WEIGHT.match(name) and dims == 2 and rows % 8 == 0 and offload.on_cpu(name)
     ]
     if not names:
         return None
@@ -174,7 +217,7 @@ def apply_placement(placement: WeightPlacement, path: Path | str, params) -> cty
     """Set ``placement`` on llama.cpp's model ``params``; returns the override list, which the caller
     keeps alive until the load is done (llama.cpp holds only a pointer to it)."""
     params.use_extra_bufts = placement.extra_buffers
-    overrides = repack_overrides(path) if placement.repack_only else None
+    overrides = repack_overrides(path, placement.offload) if placement.repack_only else None
     if overrides is not None:
         params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
     return overrides

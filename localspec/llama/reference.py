@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from localspec.llama.model import LlamaSettings
-from localspec.llama.placement import apply_placement, weight_placement
+from localspec.llama.model import LlamaSettings, choose_placement
+from localspec.llama.placement import apply_placement
 from localspec.llama.runtime import C, compute
 
 
@@ -29,10 +29,10 @@ class ReferenceGenerator:
         self.lookup = LlamaPromptLookupDecoding(max_ngram_size=max_ngram_size, num_pred_tokens=num_pred_tokens)
         threads = settings.resolved_threads()
         original = C.llama_model_default_params
-        placement = weight_placement("target", path)
+        placement = choose_placement(settings, "target", Path(path))
         kept = []  # the override list, alive until the load is done
 
-        def params():  # same buffer-type choice as LocalSpec's target (see weight_placement)
+        def params():  # same buffer-type choice as LocalSpec's target (see choose_placement)
             value = original()
             kept.append(apply_placement(placement, path, value))
             return value

@@ -14,9 +14,11 @@ import functools
 import itertools
 import json
 import os
+import re
 import sys
 import threading
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -85,12 +87,15 @@ class ComputeThread:
             raise
 
 
+MODEL_BUFFER_LINE = re.compile(r"(\S+) model buffer size =\s*([0-9.]+) MiB")
+
+
 class LlamaLog:
     """Keeps llama.cpp's recent log lines so load errors can quote them; prints only when verbose."""
 
     def __init__(self) -> None:
         self.lines: deque[tuple[int, str]] = deque(maxlen=200)
-        self.model_buffers: list[str] = []  # buffer types the last loaded model's weights went to
+        self.model_buffers: list[tuple[str, float]] = []  # (buffer, MiB) the last loaded model's weights went to
         self.verbose = bool(os.environ.get("LOCALSPEC_VERBOSE"))
         self._last_level = 2
         self._callback = C.llama_log_callback(self._on_log)  # referenced so it is never collected
@@ -103,8 +108,9 @@ class LlamaLog:
         self._last_level = level
         line = text.decode("utf-8", errors="replace")
         self.lines.append((level, line))
-        if "model buffer size" in line:  # e.g. "load_tensors:          AMX model buffer size =    95.34 MiB"
-            self.model_buffers.append(line.split(":", 1)[-1].split("model buffer")[0].strip())
+        buffer = MODEL_BUFFER_LINE.search(line)  # e.g. "load_tensors:        CUDA0 model buffer size =   934.35 MiB"
+        if buffer:
+            self.model_buffers.append((buffer.group(1), float(buffer.group(2))))
         if self.verbose and level >= 3:
             sys.stderr.write(line)
 
@@ -199,6 +205,61 @@ def gpu_offload_supported() -> bool:
     return bool(C.llama_supports_gpu_offload())
 
 
+DEVICE_KINDS = ("CPU", "GPU", "IGPU", "ACCEL", "META")  # ggml_backend_dev_type, in its order
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of ggml's backend registry, as llama.cpp sees it."""
+
+    name: str  # "CPU", "CUDA0", "MTL0", "RPC[host:port]"
+    description: str  # "NVIDIA H200", "Apple M3 Max", the CPU's model name
+    kind: str  # one of DEVICE_KINDS
+    backend: str  # the registry it belongs to: "CPU", "CUDA", "Metal", "RPC", ...
+    free_bytes: int
+    total_bytes: int
+
+    def line(self) -> str:
+        """``CUDA0 (NVIDIA H200, 139.8 GiB, 139.1 free)`` for the doctor and the bench header."""
+        memory = f", {self.total_bytes / 2**30:.1f} GiB, {self.free_bytes / 2**30:.1f} free" if self.total_bytes else ""
+        return f"{self.name} ({self.description}{memory})"
+
+
+@functools.cache
+def devices() -> tuple[Device, ...]:
+    """Every device llama.cpp can use in this process (read once: the registry is fixed at start-up)."""
+    start()
+    lib = _ggml()
+    found = []
+    for index in range(lib.ggml_backend_dev_count()):
+        device = lib.ggml_backend_dev_get(index)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+        kind = lib.ggml_backend_dev_type(device)
+        registry = lib.ggml_backend_dev_backend_reg(device)
+        found.append(Device(
+            name=_text(lib.ggml_backend_dev_name(device)),
+            description=_text(lib.ggml_backend_dev_description(device)).strip(),
+            kind=DEVICE_KINDS[kind] if 0 <= kind < len(DEVICE_KINDS) else f"type {kind}",
+            backend=_text(lib.ggml_backend_reg_name(registry)),
+            free_bytes=free.value,
+            total_bytes=total.value,
+        ))  # fmt: skip
+    return tuple(found)
+
+
+def _text(raw: bytes | None) -> str:
+    return (raw or b"?").decode(errors="replace")
+
+
+def offload_devices(found: tuple[Device, ...] | None = None) -> tuple[Device, ...]:
+    """The devices llama.cpp offloads layers to when a model names none (its default selection,
+    ``llama_prepare_model_devices``): every GPU, and integrated GPUs only where there is no other."""
+    found = devices() if found is None else found
+    gpus = tuple(device for device in found if device.kind == "GPU")
+    return gpus or tuple(device for device in found if device.kind == "IGPU")
+
+
 class GgufInitParams(ctypes.Structure):
     """ggml's ``gguf_init_params``: read tensor metadata only (``no_alloc``), into a context at ``ctx``."""
 
@@ -214,6 +275,13 @@ def _ggml():
     voidp, i64 = ctypes.c_void_p, ctypes.c_int64
     for name, restype, argtypes in (
         ("ggml_backend_dev_by_type", voidp, [ctypes.c_int]),
+        ("ggml_backend_dev_count", ctypes.c_size_t, []),
+        ("ggml_backend_dev_get", voidp, [ctypes.c_size_t]),
+        ("ggml_backend_dev_name", ctypes.c_char_p, [voidp]),
+        ("ggml_backend_dev_description", ctypes.c_char_p, [voidp]),
+        ("ggml_backend_dev_type", ctypes.c_int, [voidp]),
+        ("ggml_backend_dev_memory", None, [voidp, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]),
+        ("ggml_backend_reg_name", ctypes.c_char_p, [voidp]),
         ("ggml_backend_dev_backend_reg", voidp, [voidp]),
         ("ggml_backend_reg_get_proc_address", voidp, [voidp, ctypes.c_char_p]),
         ("ggml_backend_buft_name", ctypes.c_char_p, [voidp]),

@@ -1,0 +1,368 @@
+"""``python -m localspec.bench gpu``: what localspec does on the device it runs on, measured, as one report.
+
+Made for a lent GPU (``gpu/check.sh`` runs it there), and it runs the same on a CPU. For each model given
+(random weights of real shapes from ``gpu/randgguf.py``, or real files): where its weights went, the cost of
+a decode of 1 to 32 rows, and whether a batch of each size from 2 to 17 computes its rows bit for bit as one
+row at a time. From those costs, the speedup the performance model (docs/design.md) predicts for drafting
+with the draft model and with prompt lookup at the real pair's measured acceptance. Then end to end through
+the engine on each pair given: target-only against the default and greedy speculation (tokens per second,
+the loop's own share of the time, measured over predicted), and greedy output against target-only token for
+token at fixed K. Given llama.cpp's ``llama-bench`` from the same build, its decode rate on each model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from localspec.app.config import Config
+from localspec.app.engine import Engine, llama_settings, load_model
+from localspec.app.invariance import llama_build, measure_model, probe_tokens, row_count_diffs
+from localspec.core.perf import best_draft_length
+from localspec.core.sampling import SamplingParams
+
+COST_ROWS = tuple(range(1, 18)) + (32,)  # every verification batch of K = 0..16, and one large batch
+INVARIANCE_ROWS = tuple(range(2, 18))
+# Mean sum min(p, q) of the real pair (Qwen2.5-Coder 1.5B target, 0.5B Q4_0 draft) on the target's own
+# replies to the bench's prompts at T = 0.7, per prompt (docs/performance.md, "The draft proposes from its head").
+REAL_PAIR_ACCEPTANCE = {"chat": 0.657, "essay": 0.634, "code": 0.886, "summarise": 0.822, "edit": 0.983}
+CONTEXT_TEXT = "def quicksort(items):\n    if len(items) < 2:\n        return items\n    pivot = items[0]\n" * 12
+
+
+def model_facts(label: str, path: str, settings, repeats: int) -> dict[str, Any]:
+    """One model: load time, buffers, the GPU split, decode costs by row count (medians, interleaved), and the
+    largest difference between a batch and the same rows one at a time, by batch size."""
+    started = time.perf_counter()
+    model = load_model(path, settings, "draft" if label.startswith("draft") else "target")
+    load_s = time.perf_counter() - started
+    try:
+        context = model.tokenize(CONTEXT_TEXT)
+        model.extend(context, 1)
+        keep = len(model.cached_tokens)
+        times: dict[int, list[float]] = {rows: [] for rows in COST_ROWS}
+        for repeat in range(repeats + 1):  # the first round warms up every size and is not kept
+            for rows in COST_ROWS:
+                began = time.perf_counter()
+                model.extend(context[:rows], rows)
+                if repeat:
+                    times[rows].append(time.perf_counter() - began)
+                model.truncate(keep)
+        tokens = probe_tokens(lambda text: model.tokenize(text, add_special=True, parse_special=False))
+        diffs = row_count_diffs(model, tokens, INVARIANCE_ROWS)
+        probe = measure_model(model)
+        return {
+            "label": label,
+            "path": str(path),
+            "description": model.description,
+            "size_mib": model.size_bytes / 2**20,
+            "load_s": load_s,
+            "buffers": model.weight_buffer_mib,
+            "placement": model.placement.reason,
+            "ms": {rows: statistics.median(values) * 1000 for rows, values in times.items()},
+            "batch_diff": diffs,
+            "probe": probe.line(),
+            "probe_identical": probe.identical,
+        }
+    finally:
+        model.close()
+
+
+def predictions(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per target: the best K and its predicted speedup for the draft model (its one-row cost per drafted
+    token) and for lookup (drafting free) at each prompt's acceptance, from the measured costs alone."""
+    drafts = [m for m in models if m["label"].startswith("draft")]
+    rows = []
+    for target in (m for m in models if m["label"].startswith("target")):
+        verify = {n: ms / 1000 for n, ms in target["ms"].items() if n <= 17}
+        t_target = verify[1]
+        for drafter, t_draft in [(d["label"], d["ms"][1] / 1000) for d in drafts] + [("lookup", 0.0)]:
+            cells = {
+                name: best_draft_length(alpha, t_draft, verify, t_target)
+                for name, alpha in REAL_PAIR_ACCEPTANCE.items()
+            }
+            rows.append(
+                {"target": target["label"], "drafter": drafter, "cost_ratio": t_draft / t_target, "best": cells}
+            )
+    return rows
+
+
+def llama_bench(binary: str, path: str, n_gpu_layers: int) -> dict[str, Any]:
+    """llama.cpp's own decode rate on ``path`` (``llama-bench -p 0 -n 128``, three repetitions), same build."""
+    command = [
+        binary,
+        "-m",
+        path,
+        "-p",
+        "0",
+        "-n",
+        "128",
+        "-r",
+        "3",
+        "-ngl",
+        str(999 if n_gpu_layers < 0 else n_gpu_layers),
+        "-fa",
+        "0",
+        "-o",
+        "json",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        return {"error": (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit {done.returncode}"]}
+    result = json.loads(done.stdout)[0]
+    return {
+        "tokens_per_second": result["avg_ts"],
+        "stddev": result["stddev_ts"],
+        "backends": result.get("backends", ""),
+    }
+
+
+def identity(engine: Engine, prompts: list[dict], max_tokens: int) -> list[dict[str, Any]]:
+    """Greedy speculation at fixed K (batches of 5 and 9 rows) against target-only, token for token."""
+    greedy = SamplingParams(temperature=0.0)
+    found = []
+    for prompt in prompts:
+        tokens = engine.encode_prompt(engine.config, [], prompt["prompt"]).tokens
+        alone = _reply(engine, tokens, greedy, mode="target-only", max_tokens=max_tokens)
+        for k in (4, 8):
+            reply = _reply(
+                engine,
+                tokens,
+                greedy,
+                mode="greedy",
+                max_tokens=max_tokens,
+                draft_tokens=k,
+                adaptive=False,
+                lookup=False,
+            )
+            same = next((i for i, (a, b) in enumerate(zip(alone, reply)) if a != b), None)
+            found.append(
+                {
+                    "prompt": prompt["name"],
+                    "k": k,
+                    "tokens": len(alone),
+                    "identical": reply == alone,
+                    "first_difference": same,
+                }
+            )
+    return found
+
+
+def _reply(engine: Engine, tokens: list[int], params: SamplingParams, **options) -> list[int]:
+    return list(list(engine.stream(tokens, engine.options(**options), params))[-1].token_ids)
+
+
+def end_to_end(config: Config, repeats: int, max_tokens: int, prompt_names: list[str]) -> dict[str, Any]:
+    """The bench's variants (target-only, default, greedy, lookup) and the identity check on one pair."""
+    from localspec.bench.e2e import BenchSettings, load_prompts, render_table, run_bench
+
+    engine = Engine(config)
+    try:
+        settings = BenchSettings(
+            variants=("target-only", "hybrid", "hybrid-greedy", "prompt-lookup"),
+            prompts=prompt_names,
+            repeats=repeats,
+            max_tokens=max_tokens,
+            draft_tokens=config.speculative.draft_tokens,
+        )
+        report = run_bench(engine, settings)
+        return {
+            "pair": engine.pair_name,
+            "table": render_table(report),
+            "report": report,
+            "identity": identity(engine, load_prompts(prompt_names), max_tokens),
+        }
+    finally:
+        engine.close()
+
+
+def render(result: dict[str, Any]) -> str:
+    """The markdown report."""
+    build, models = result["build"], result["models"]
+    stamp = build["stamp"] or {}
+    lines = [
+        f"# localspec on {result['device']}",
+        "",
+        f"Measured {result['date']} by `{result['command']}` (`gpu/check.sh`).",
+        "",
+        f"- device: {result['device']}; host CPU: {result['cpu']}",
+        f"- llama-cpp-python {build['version']}, CMAKE_ARGS {stamp.get('cmake_args', '?')!r}, "
+        f"patches {stamp.get('patch_hash', '?')}",
+        f"- llama.cpp: {build['system_info']}",
+        "",
+        "## Where the weights went",
+        "",
+        "| model | file | load | buffers | placement |",
+        "|---|---|---:|---|---|",
+    ]
+    for m in models:
+        buffers = " + ".join(f"{name} {mib:,.0f} MiB" for name, mib in m["buffers"].items())
+        file = f"{m['description']}, {m['size_mib']:,.0f} MiB"
+        lines.append(f"| {m['label']} | {file} | {m['load_s']:.1f} s | {buffers} | {m['placement']} |")
+    shown = (1, 2, 4, 5, 8, 9, 16, 17, 32)
+    lines += [
+        "",
+        "## A decode of n rows (ms, median)",
+        "",
+        "| model | " + " | ".join(str(n) for n in shown) + " | 9 rows / 1 row |",
+        "|---|" + "---:|" * (len(shown) + 1),
+    ]
+    for m in models:
+        ms = m["ms"]
+        lines.append(f"| {m['label']} | " + " | ".join(f"{ms[n]:.2f}" for n in shown) + f" | {ms[9] / ms[1]:.2f} |")
+    lines += [
+        "",
+        "## Batch invariance: a batch of n rows against the same rows one at a time",
+        "",
+        "`=` bit-identical, else the largest |difference| of a logit.",
+        "",
+        "| model | " + " | ".join(str(n) for n in INVARIANCE_ROWS) + " |",
+        "|---|" + "---:|" * len(INVARIANCE_ROWS),
+    ]
+    for m in models:
+        lines.append(
+            f"| {m['label']} | " + " | ".join("=" if d == 0 else f"{d:.2g}" for d in m["batch_diff"].values()) + " |"
+        )
+    lines += [""] + [f"- doctor's probe, {m['label']}: {m['probe']}" for m in models]
+    if result.get("llama_bench"):
+        lines += [
+            "",
+            "## Target alone against llama.cpp's own decoding (llama-bench from the same build)",
+            "",
+            "| model | llama-bench tg128 (tok/s) | localspec, one-row decode (tok/s) | localspec / llama-bench |",
+            "|---|---:|---:|---:|",
+        ]
+        for m in models:
+            theirs = result["llama_bench"].get(m["label"], {})
+            mine = 1000 / m["ms"][1]
+            if "tokens_per_second" in theirs:
+                rate = theirs["tokens_per_second"]
+                lines.append(f"| {m['label']} | {rate:.1f} | {mine:.1f} | {mine / rate:.2f} |")
+            else:
+                lines.append(f"| {m['label']} | {theirs.get('error', '–')} | {mine:.1f} | – |")
+    names = list(REAL_PAIR_ACCEPTANCE)
+    lines += [
+        "",
+        "## Predicted speedup over the target alone (best K), from these costs",
+        "",
+        "At the real pair's acceptance per bench prompt ("
+        + ", ".join(f"{n} {a}" for n, a in REAL_PAIR_ACCEPTANCE.items())
+        + "); lookup drafts for free, at the same acceptance. Cost ratio: a drafted token over a target token.",
+        "",
+        "| target | drafter | cost ratio | " + " | ".join(names) + " |",
+        "|---|---|---:|" + "---:|" * len(names),
+    ]
+    for row in result["predictions"]:
+        cells = [f"{speedup:.2f}× (K {k})" for k, speedup in (row["best"][n] for n in names)]
+        lines.append(f"| {row['target']} | {row['drafter']} | {row['cost_ratio']:.2f} | " + " | ".join(cells) + " |")
+    for e2e in result.get("end_to_end", []):
+        lines += [
+            "",
+            f"## End to end: {e2e['pair']}",
+            "",
+            e2e["table"],
+            "",
+            "Greedy at fixed K against target-only:",
+            "",
+        ]
+        for check in e2e["identity"]:
+            verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
+            lines.append(f"- {check['prompt']}, K = {check['k']}: {check['tokens']} tokens, {verdict}")
+    for note in result.get("notes", []):
+        lines += ["", note]
+    return "\n".join(lines) + "\n"
+
+
+def _device(build: dict) -> str:
+    gpus = build["gpus"]
+    return ", ".join(gpu.line() for gpu in gpus) if gpus else "the CPU (no GPU found)"
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from localspec.app.config import load_config
+
+    parser = argparse.ArgumentParser(prog="python -m localspec.bench gpu", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="LABEL=PATH",
+        help="a model to measure; labels start with 'draft' or 'target' (repeatable)",
+    )
+    parser.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="TARGET:DRAFT",
+        help="paths (or a catalog pair's name) to run end to end (repeatable)",
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="decodes of each row count per model")
+    parser.add_argument("--e2e-tokens", type=int, default=96, help="tokens per end-to-end reply")
+    parser.add_argument("--prompts", default="chat,code,edit", help="bench prompts for the end-to-end runs")
+    parser.add_argument("--llama-bench", default=None, help="llama.cpp's llama-bench from the same build")
+    parser.add_argument("--note", action="append", default=[], help="a line for the report (repeatable)")
+    parser.add_argument("--out", default="gpu-report.md", help="the markdown report")
+    args = parser.parse_args(argv)
+    config = load_config()
+    settings = llama_settings(config)
+    build = llama_build()
+    result: dict[str, Any] = {
+        "device": _device(build),
+        "cpu": _cpu(),
+        "build": build,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": "python -m localspec.bench gpu " + " ".join(argv or []),
+        "notes": args.note,
+    }
+    models = []
+    for spec in args.model:
+        label, _, path = spec.partition("=")
+        models.append(model_facts(label, path, settings, args.repeats))
+        print(f"measured {label}", flush=True)
+    result["models"] = models
+    result["predictions"] = predictions(models)
+    if args.llama_bench:
+        result["llama_bench"] = {
+            m["label"]: llama_bench(args.llama_bench, m["path"], settings.n_gpu_layers) for m in models
+        }
+    prompts = [name.strip() for name in args.prompts.split(",") if name.strip()]
+    result["end_to_end"] = []
+    for pair in args.pair:
+        target, _, draft = pair.partition(":")
+        overrides = (
+            {"model.pair": target, "model.target": "", "model.draft": ""}
+            if not draft
+            else {"model.target": target, "model.draft": draft}
+        )
+        result["end_to_end"].append(end_to_end(config.with_overrides(overrides), 1, args.e2e_tokens, prompts))
+        print(f"ran {pair} end to end", flush=True)
+    Path(args.out).write_text(render(result))
+    Path(args.out).with_suffix(".json").write_text(json.dumps(_jsonable(result), indent=1, default=str))
+    print(f"report: {args.out}")
+    return 0
+
+
+def _jsonable(result: dict[str, Any]) -> dict[str, Any]:
+    out = dict(result)
+    out["build"] = {
+        **result["build"],
+        "devices": [d.line() for d in result["build"]["devices"]],
+        "gpus": [d.line() for d in result["build"]["gpus"]],
+    }
+    out["end_to_end"] = [{k: v for k, v in e.items() if k != "table"} for e in result.get("end_to_end", [])]
+    return out

@@ -1,0 +1,238 @@
+"""Placement on a GPU build, decided on the CPU with the GPU's facts stood in.
+
+llama.cpp puts the output layer and the last blocks of a model on the GPU
+(``n_gpu_layers`` of them); localspec's CPU placement (AMX, repacked buffers,
+one row per decode) must only ever decide for the matrices that stay on the
+CPU. A tensor override wins over the GPU split, so an override naming an
+offloaded matrix pins it to CPU memory: the first look on a lent H200 found
+a 7B target decoding at CPU speed (45 ms a token instead of 5.7) that way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from localspec.llama import model as llama_model
+from localspec.llama import placement, runtime
+from localspec.llama.model import LlamaSettings, choose_placement
+from localspec.llama.placement import CPU_ONLY, Offload, offload_plan
+from localspec.llama.runtime import Device
+
+AMX_BUILD = "CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1"
+H200 = Device("CUDA0", "NVIDIA H200", "GPU", "CUDA", 140 * 2**30, 143 * 2**30)
+IGPU = Device("Vulkan0", "Intel(R) Graphics", "IGPU", "Vulkan", 0, 0)
+CPU = Device("CPU", "AMD EPYC", "CPU", "CPU", 20 * 2**30, 24 * 2**30)
+
+
+def test_the_gpu_split_follows_llama_cpps_rule() -> None:
+    """n_gpu_layers counts the output layer first, then blocks from the last one down (llama_model::load_tensors:
+    i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)); negative means all; no GPU means none."""
+    gpus = ("CUDA0",)
+    assert offload_plan(24, -1, gpus) == Offload(24, 24, True, gpus)
+    assert offload_plan(24, 0, gpus) == CPU_ONLY
+    assert offload_plan(24, 1, gpus) == Offload(24, 0, True, gpus)  # the output layer alone
+    assert offload_plan(24, 5, gpus) == Offload(24, 4, True, gpus)
+    assert offload_plan(24, 25, gpus).everything and offload_plan(24, 999, gpus).everything
+    assert not offload_plan(24, 24, gpus).everything  # 24 = the output and 23 blocks: block 0 stays
+    assert offload_plan(24, -1, ()) == CPU_ONLY
+
+    part = offload_plan(24, 5, gpus)
+    assert [part.on_cpu(f"blk.{i}.ffn_up.weight") for i in (0, 19, 20, 23)] == [True, True, False, False]
+    assert not part.on_cpu("output.weight") and part.on_cpu("token_embd.weight")  # embeddings never move
+    assert CPU_ONLY.on_cpu("output.weight") and CPU_ONLY.on_cpu("blk.23.attn_q.weight")
+    assert part.describe() == "4 of 24 layers and the output on CUDA0"
+    assert offload_plan(24, -1, gpus).describe() == "all 24 layers and the output on CUDA0"
+    assert CPU_ONLY.describe() == "on the CPU"
+
+
+def test_layers_go_to_gpus_and_integrated_gpus_only_where_there_is_no_gpu() -> None:
+    assert runtime.offload_devices((CPU, IGPU, H200)) == (H200,)
+    assert runtime.offload_devices((CPU, IGPU)) == (IGPU,)
+    assert runtime.offload_devices((CPU,)) == ()
+    found = runtime.devices()  # this build's own registry: a CPU, described
+    assert any(device.kind == "CPU" for device in found), found
+    assert all(device.line().startswith(device.name) for device in found)
+    if not runtime.gpu_offload_supported():
+        assert runtime.offload_devices() == ()
+
+
+def _q4_k_m_table(layers: int) -> tuple:
+    """A Q4_K_M-like tensor table: Q4_K matrices, Q6_K output (what repack and AMX see)."""
+    table = [("token_embd.weight", "Q4_K", 2, 151936, 100)]
+    for i in range(layers):
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+            table.append((f"blk.{i}.{name}.weight", "Q4_K", 2, 896, 10))
+        table.append((f"blk.{i}.attn_norm.weight", "F32", 1, 1, 1))
+    table.append(("output.weight", "Q6_K", 2, 151936, 30))
+    return tuple(table)
+
+
+@pytest.fixture
+def amx_host(monkeypatch):
+    """An AMX build without localspec's AMX patches: the CPU placement would repack every Q4_K matrix."""
+    monkeypatch.delenv("LOCALSPEC_EXTRA_BUFFERS", raising=False)
+    monkeypatch.setattr(placement, "system_info", lambda: AMX_BUILD)
+    monkeypatch.setattr(placement, "amx_rows_without_tiles", lambda: False)
+    monkeypatch.setattr(placement, "amx_streamed_rows", lambda: False)
+    monkeypatch.setattr(placement, "cpu_extra_buffer_types", lambda: {"AMX": 0x1000, "CPU_REPACK": 0x2000})
+    monkeypatch.setattr(placement, "gguf_tensor_table", lambda path: _q4_k_m_table(4))
+
+
+def _named(overrides) -> set[str]:
+    return {entry.pattern.decode()[1:-1].replace("\\", "") for entry in overrides[:-1]}
+
+
+def test_an_offloaded_model_is_never_pinned_to_a_cpu_buffer(amx_host) -> None:
+    """Everything on the GPU: no override, no extra buffers, no one-row rule, whatever the CPU is."""
+    everything = offload_plan(4, -1, ("CUDA0",))
+    for role in ("target", "draft"):
+        chosen = placement.weight_placement(role, "x.gguf", everything)
+        assert (chosen.extra_buffers, chosen.repack_only, chosen.one_row_per_decode) == (False, False, False)
+        assert chosen.reason.startswith("all 4 layers and the output on CUDA0")
+        params = runtime.C.llama_model_default_params()
+        assert placement.apply_placement(chosen, "x.gguf", params) is None and not params.tensor_buft_overrides
+        assert params.use_extra_bufts is False
+
+    # negative control: the same host with the model on the CPU pins every Q4_K matrix to CPU_REPACK
+    on_cpu = placement.weight_placement("target", "x.gguf")
+    assert on_cpu.repack_only and len(_named(placement.repack_overrides("x.gguf"))) == 4 * 7
+
+
+def test_a_partly_offloaded_model_repacks_only_what_stays_on_the_cpu(amx_host) -> None:
+    part = offload_plan(4, 3, ("CUDA0",))  # the output and blocks 2, 3 on the GPU
+    chosen = placement.weight_placement("target", "x.gguf", part)
+    assert (
+        chosen.repack_only
+        and chosen.offload == part
+        and chosen.reason.startswith("2 of 4 layers and the output on CUDA0")
+    )
+    params = runtime.C.llama_model_default_params()
+    overrides = placement.apply_placement(chosen, "x.gguf", params)
+    named = _named(overrides)
+    assert named and all(name.startswith(("blk.0.", "blk.1.")) for name in named), named
+    assert ctypes.cast(overrides, ctypes.c_void_p).value == params.tensor_buft_overrides
+
+
+def test_the_amx_share_counts_only_the_cpus_matrices(monkeypatch) -> None:
+    """A draft whose offloaded part is all Q4_0 but whose CPU blocks are Q5_0 must not take the AMX buffer."""
+    table = (
+        ("blk.0.ffn_up.weight", "Q5_0", 2, 896, 10),
+        ("blk.1.ffn_up.weight", "Q4_0", 2, 896, 10),
+        ("output.weight", "Q4_0", 2, 151936, 80),
+    )
+    monkeypatch.setattr(placement, "gguf_tensor_table", lambda path: table)
+    assert placement.amx_share("x.gguf") == pytest.approx(0.9)
+    assert placement.amx_share("x.gguf", offload=offload_plan(2, 2, ("CUDA0",))) == 0.0  # blk.0 alone stays
+    assert placement.model_layers("x.gguf") == 2
+
+
+def test_choose_placement_asks_llama_cpp_for_its_gpus(amx_host, monkeypatch) -> None:
+    """The load decides with the devices llama.cpp would offload to; n_gpu_layers 0 keeps everything on the CPU."""
+    monkeypatch.setattr(llama_model, "model_layers", lambda path: 4)
+    monkeypatch.setattr(llama_model, "offload_devices", lambda: (H200,))
+    chosen = choose_placement(LlamaSettings(n_gpu_layers=-1), "target", "x.gguf")
+    assert chosen.offload.everything and not chosen.repack_only
+    assert choose_placement(LlamaSettings(n_gpu_layers=0), "target", "x.gguf").repack_only
+    forced = choose_placement(LlamaSettings(n_gpu_layers=2, extra_buffers=False), "target", "x.gguf")
+    assert forced.offload == Offload(4, 1, True, ("CUDA0",)) and not forced.extra_buffers
+    monkeypatch.setattr(llama_model, "offload_devices", lambda: ())  # a CPU build: n_gpu_layers is moot
+    assert choose_placement(LlamaSettings(n_gpu_layers=-1), "target", "x.gguf").offload == CPU_ONLY
+
+
+def test_the_log_keeps_each_weight_buffer_and_its_size() -> None:
+    log = runtime.log()
+    log.model_buffers.clear()
+    for line in (
+        b"load_tensors: offloaded 29/29 layers to GPU\n",
+        b"load_tensors:        CUDA0 model buffer size =   934.35 MiB\n",
+        b"load_tensors:   CPU_Mapped model buffer size =   223.33 MiB\n",
+    ):
+        log._on_log(2, line, None)
+    assert log.model_buffers == [("CUDA0", 934.35), ("CPU_Mapped", 223.33)]
+    log.model_buffers.clear()
+
+
+# ----------------------------------------------------------------------
+# what the doctor and the bench say about a GPU, with its facts stood in
+def test_the_doctor_names_the_gpu_its_memory_and_what_holds_there() -> None:
+    from localspec.cli.doctor import backend_line, memory_line
+
+    gpu_build = {"gpu_offload": True, "devices": (CPU, H200), "gpus": (H200,)}
+    line = backend_line(gpu_build, (H200,), -1)
+    assert line.startswith("backend: CUDA — CUDA0 (NVIDIA H200, 143.0 GiB, 140.0 free)") and "all layers" in line
+    assert "up to 10 layers" in backend_line(gpu_build, (H200,), 10)
+    assert backend_line(gpu_build, (), 0) == "backend: CPU (AMD EPYC); GPU offload off (model.n_gpu_layers: 0)"
+    assert "found none" in backend_line({**gpu_build, "gpus": ()}, (), -1)
+    assert "no GPU backend" in backend_line({"gpu_offload": False, "devices": (CPU,), "gpus": ()}, (), -1)
+    # models that fit the GPU are judged by its free memory, not by RAM
+    assert memory_line(100 * 2**30, (H200,)).endswith("enough") and memory_line(100 * 2**30, (H200,)).startswith(
+        "GPU memory"
+    )
+    assert "NOT enough" in memory_line(130 * 2**30, (H200,)) and "n_gpu_layers" in memory_line(130 * 2**30, (H200,))
+    assert memory_line(1, ()).startswith("memory: ")
+
+
+def test_a_gpu_that_computes_batches_differently_is_named_with_what_still_holds() -> None:
+    from localspec.app.invariance import diagnose
+
+    from .test_doctor import UNPATCHED, loader, report_for
+
+    current = {"extra_buffers": False, "flash_attention": False}
+    unfixable = {"the gpu kernels"}
+    report = report_for({"the gpu kernels": True}, unfixable)
+    on_gpu = diagnose(
+        report, loader({"the gpu kernels": True}, unfixable, []), current, {**UNPATCHED, "device": "CUDA0"}
+    )
+    assert on_gpu.remedy is None and "on CUDA0" in on_gpu.cause and "MMVQ" not in on_gpu.cause
+    assert "rejection mode" in on_gpu.fix and "n_gpu_layers: 0" in on_gpu.fix
+    on_cpu = diagnose(report, loader({"the gpu kernels": True}, unfixable, []), current, UNPATCHED)
+    assert "CUDA" not in on_cpu.cause and "x86 CPUs" in on_cpu.fix  # negative control: the CPU keeps its words
+    flash = {"extra_buffers": False, "flash_attention": True}
+    found = diagnose(
+        report_for(flash, {"flash_attention"}),
+        loader(flash, {"flash_attention"}, []),
+        flash,
+        {**UNPATCHED, "device": "CUDA0"},
+    )
+    assert found.remedy == {"flash_attention": False} and "on CUDA0" in found.cause and "256" not in found.cause
+
+
+def test_the_bench_header_names_the_gpu_and_the_split() -> None:
+    from localspec.bench.e2e import hardware_line
+
+    machine = {
+        "cpu": "AMD EPYC",
+        "cores": 16,
+        "flags": ["avx2"],
+        "weight_buffers": ["CUDA0", "CPU_Mapped"],
+        "draft_weight_buffers": ["CUDA0"],
+        "gpus": [H200.line()],
+        "offload": {
+            "target": "all 28 layers and the output on CUDA0",
+            "draft": "all 24 layers and the output on CUDA0",
+        },
+    }
+    line = hardware_line({"machine": machine, "settings": {}})
+    assert line.startswith("GPU: CUDA0 (NVIDIA H200") and "target all 28 layers and the output on CUDA0" in line
+    assert "CPU: AMD EPYC, 16 cores" in line and "target weights in CUDA0, CPU_Mapped" in line
+    cpu_only = hardware_line({"machine": {**machine, "gpus": []}, "settings": {}})
+    assert cpu_only.startswith("CPU: AMD EPYC") and "GPU" not in cpu_only
+
+
+def test_the_doctor_lists_each_weight_buffer_with_its_size_and_the_split() -> None:
+    from types import SimpleNamespace
+
+    from localspec.cli.doctor import weights_line
+
+    offloaded = SimpleNamespace(
+        role="target",
+        rows_per_decode=512,
+        weight_buffer_mib={"CUDA0": 4460.2, "CPU_Mapped": 425.0},
+        placement=placement.weight_placement("target", "x.gguf", offload_plan(28, -1, ("CUDA0",))),
+    )
+    assert weights_line(offloaded) == (
+        "weights (target): CUDA0 4,460 MiB + CPU_Mapped 425 MiB, up to 512 rows per decode — "
+        "all 28 layers and the output on CUDA0 (no CPU extra buffers)"
+    )
