@@ -74,3 +74,12 @@ def test_saved_conversation_loads_back_in_order(engine, config, tmp_path) -> Non
     with pytest.raises(Exception, match="does not exist"):
         conversation.save(tmp_path / "missing" / "chat.jsonl", config)
     assert not (tmp_path / "missing").exists()
+
+
+def test_user_text_that_utf8_cannot_encode_becomes_the_replacement_character() -> None:
+    from localspec.app.usertext import clean
+
+    assert clean("plain text, ünïcödé and 😀") == "plain text, ünïcödé and 😀"  # valid text is untouched
+    assert clean("\ud800 hi \udfff") == "\ufffd hi \ufffd"  # lone surrogates from JSON
+    undecodable = b"x\xff\xfey".decode("utf-8", "surrogateescape")  # bytes read with surrogateescape
+    assert clean(undecodable) == "x\ufffd\ufffdy" and clean(undecodable).encode("utf-8")

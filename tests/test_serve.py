@@ -288,3 +288,23 @@ def test_ui_and_api_in_one_process(demo_paths, tmp_path_factory) -> None:
         assert httpx.get(base + "/v1/models").json()["data"][0]["id"] == "demo"
         page = httpx.get(base + "/")
         assert page.status_code == 200 and "gradio" in page.text.lower()
+
+
+def test_text_that_is_not_valid_unicode_gets_a_reply_and_unknown_routes_an_api_error(server) -> None:
+    """A lone surrogate is valid JSON ("\\ud800") but no UTF-8: it becomes U+FFFD, the request is answered
+    and the connection serves on; an unknown route or method answers in the API's error shape."""
+    base, _ = server
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    lone = b'{"messages": [{"role": "user", "content": "\\ud800 hi \\udfff"}], "max_tokens": 6}'
+    with httpx.Client(timeout=120, headers=headers) as http:  # one connection for every request below
+        answer = http.post(base + "/chat/completions", content=lone)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"] is not None
+        raw = http.post(base + "/completions", content=b'{"prompt": "\\udc80 x", "max_tokens": 4}')
+        assert raw.status_code == 200, raw.text
+        for response, status, code in ((http.get(base.removesuffix("/v1") + "/nope"), 404, "not_found"),
+                                       (http.get(base + "/chat/completions"), 405, "method_not_allowed")):  # fmt: skip
+            assert response.status_code == status and response.json()["error"]["code"] == code, response.text
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+        after = http.post(base + "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert after.status_code == 200

@@ -235,3 +235,17 @@ def test_missing_model_is_one_error_line(tmp_path) -> None:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert "nope.gguf" in lines[0] and "localspec models prepare" in lines[0]
+
+
+def test_input_that_is_not_utf8_gets_a_reply() -> None:
+    """Bytes that are not UTF-8 on a pipe become U+FFFD; the chat answers and goes on to the next line."""
+    import subprocess
+    import sys
+
+    line = b"Say \xff\xfe hello.\n" + "Say hi.\n".encode()
+    done = subprocess.run([sys.executable, "-m", "localspec", "chat", *BASE_ARGS, "--temperature", "0", "--max-tokens",
+                           "8", "--target", str(TARGET), "--draft", str(DRAFT)], input=line, capture_output=True,
+                          cwd=ROOT, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert "Traceback" not in done.stderr.decode(errors="replace")
+    assert done.stdout.decode("utf-8").strip()

@@ -377,3 +377,15 @@ def test_the_top_table_says_when_q_is_the_drafts_head() -> None:
 
     assert "draft q (its head: the 3 it drew from)" in top_table_html(run(3), 0)
     assert "draft q (top-10)" in top_table_html(run(10), 0) and "its head" not in top_table_html(run(10), 0)
+
+
+def test_text_that_is_not_valid_unicode_gets_a_reply(app) -> None:
+    """A lone surrogate (a browser can send one) is shown and kept as U+FFFD; the reply goes ahead."""
+    state = ChatState()
+    _box, pending_html, pending = app.queue_message("\ud800 hi", state, key="t-unicode")
+    assert pending == "\ufffd hi" and "\ud800" not in pending_html
+    raw = "\ud800 hi"  # as the UI's API endpoint passes it on, before any queue_message
+    chat_html, _stats, notice, state, textbox = list(app.respond(raw, state, settings(max_tokens=6), key="t-unicode"))[-1]
+    assert notice == "" and textbox == "" and state.turns[-1].user == "\ufffd hi"
+    assert state.turns[-1].trace.tokens and chat_html.encode("utf-8")
+    assert state.conversation.turns[-1].trace.header["prompt_text"].encode("utf-8")

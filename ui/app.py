@@ -31,6 +31,7 @@ from localspec.app.catalog import user_models_dir  # noqa: E402
 from localspec.app.config import PROJECT_ROOT, Config, describe  # noqa: E402
 from localspec.app.conversation import Conversation, Turn  # noqa: E402
 from localspec.app.trace import Trace  # noqa: E402
+from localspec.app.usertext import clean  # noqa: E402
 from localspec.core.errors import LocalspecError  # noqa: E402
 
 from . import debug_view as dv  # noqa: E402
@@ -74,7 +75,7 @@ class ChatApp:
         even while the request still waits in the queue — cancels this one.
         """
         self.new_request(key)
-        message = (message or "").strip()
+        message = clean(message or "").strip()
         if not message:
             return "", render_conversation(state.turns), ""
         return "", render_conversation(state.turns, pending=message, busy=self._busy.is_set()), message

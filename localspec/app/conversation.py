@@ -21,6 +21,7 @@ from typing import Any, Iterator, Sequence
 from localspec.app.config import Config
 from localspec.app.templates import Message
 from localspec.app.trace import Trace, trace_header
+from localspec.app.usertext import clean
 from localspec.core.errors import LocalspecError, PromptTooLongError
 from localspec.core.events import Event, GenerationStats
 
@@ -122,6 +123,7 @@ class Conversation:
         ``trace.error``; the partial reply stays in the conversation, as does
         one cut short by ``cancel`` (the partial text is the answer).
         """
+        user = clean(user)  # kept in the turn, shown and saved: valid Unicode only
         prepared, dropped, note = self.prompt(engine, config, user)
         options = engine.options(config, detail_top=detail_top, stop=tuple(stop) or None)
         params = config.sampling.params()

@@ -27,6 +27,7 @@ from localspec.app.invariance import (
     suspects,
 )
 from localspec.app.templates import ChatTemplate, Message, build_messages
+from localspec.app.usertext import clean
 from localspec.core.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from localspec.core.errors import ConfigError, ModelError
 from localspec.core.events import GenerationResult, StepEvent, TokenEvent
@@ -124,6 +125,7 @@ class Engine:
         """Render ``messages`` with the model's chat template and tokenize (special tokens parsed)."""
         if self.template is None:
             raise ModelError(f"{self.target.name} has no chat template; use --raw (raw text prompts)")
+        messages = [replace(message, content=clean(message.content)) for message in messages]
         text = self.template.render(messages, add_generation_prompt=True)
         bos_text = self.template.bos_token
         add_bos = self.target.adds_bos and not (bos_text and text.startswith(bos_text))
@@ -141,6 +143,7 @@ class Engine:
 
     def encode_raw(self, text: str) -> PreparedPrompt:
         """Raw text prompt: BOS as the model wants it, special-token text left as plain text."""
+        text = clean(text)
         return PreparedPrompt(self.target.tokenize(text, add_special=True, parse_special=False), text)
 
     def options(self, config: Config | None = None, **overrides) -> GenerationOptions:

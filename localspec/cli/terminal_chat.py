@@ -71,6 +71,8 @@ class PlainReader(LineReader):
     def __init__(self, chrome: TextIO, echo: bool) -> None:
         self._chrome = chrome
         self._echo = echo
+        if hasattr(sys.stdin, "reconfigure"):
+            sys.stdin.reconfigure(errors="replace")  # bytes that are not UTF-8 become U+FFFD, not a crash
 
     def read(self, prompt: str) -> str:
         self._chrome.write(prompt)

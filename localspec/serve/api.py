@@ -31,6 +31,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localspec.app.config import Config
 from localspec.app.conversation import Conversation, Turn
@@ -176,7 +177,19 @@ def create_app(engine, config: Config, options: ServeOptions) -> FastAPI:
     """The FastAPI app (also mounted into the UI's server by ``localspec ui --api``)."""
     app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
     add_routes(app, Api(lambda: engine, config, options))
+    app.add_exception_handler(StarletteHTTPException, _route_errors)
     return app
+
+
+async def _route_errors(request: Request, error: StarletteHTTPException) -> JSONResponse:
+    """An unknown route or method answers in the API's own error shape (the standalone server; the UI's
+    server, which mounts these routes, keeps its own pages)."""
+    what = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+    routes = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models"
+    message = f"{what.get(error.status_code, error.detail)}; the API serves {routes}"
+    code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
+    return JSONResponse(ApiError(error.status_code, message, None, code).body(), status_code=error.status_code,
+                        headers=getattr(error, "headers", None))  # fmt: skip
 
 
 def _answers_errors(handler):
@@ -188,6 +201,9 @@ def _answers_errors(handler):
             return await handler(request)
         except ApiError as error:
             return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+        except Exception as error:  # a bug must still answer JSON, and the server go on
+            failed = ApiError(500, f"internal error: {type(error).__name__}: {error}", None, "internal_error")
+            return JSONResponse(failed.body(), status_code=500)
 
     return wrapped
 
