@@ -1,11 +1,11 @@
 # localspec — `make run` starts the app (installing on first use); `make test` runs the test suite.
 #
-# llama-cpp-python is compiled from its sdist with the flags of DESIGN §5:
+# llama-cpp-python is compiled from its sdist with the flags of docs/design.md (Batch invariance):
 # -DGGML_LLAMAFILE=OFF always (bit-identical batched logits), -DGGML_CUDA=on
 # when nvcc and an NVIDIA GPU are found, Metal automatically on macOS, and with
 # the patches in patches/ applied (the Q4_K repack gemv made to round like its
 # gemm, and the K-quant vec_dot like the tiled matmul, so Q4_K_M models are
-# batch-invariant with llama.cpp's fast kernels; DESIGN §9; and cheaper
+# batch-invariant with llama.cpp's fast kernels; docs/design.md, Batch invariance; and cheaper
 # batches with the same bits: the Q4_K gemv taking up to 11 rows per pass, the
 # Q4_K gemm and gemv on VNNI, K-quant vec_dot taking 2-7 rows per pass in long
 # chunks, the tiled matmul's weight sums in one pass; weights prefetched ahead

@@ -52,7 +52,7 @@ def test_config(tmp_path_factory) -> Path:
     threads, and a fixed K — adaptive K follows measured timings, so a busy test machine could stop
     drafting (or pick other K) and make a seeded reply differ from run to run."""
     path = tmp_path_factory.getbasetemp() / "test-config.yaml"
-    path.write_text(f"model:\n  pair: demo\n  threads: {TEST_THREADS}\nspeculative:\n  adaptive: false\n")
+    path.write_text(f"model:\n  pair: demo\n  threads: {TEST_THREADS}\nspeculative:\n  adaptive: false\n  remember: false\n")
     return path
 
 
@@ -78,7 +78,7 @@ def make_engine(target, draft, **overrides):
 
     config = Config().with_overrides({"model.target": str(target), "model.draft": str(draft), "model.n_ctx": 1024,
                                       "model.threads": TEST_THREADS, "speculative.adaptive": False,
-                                      **overrides})  # fmt: skip
+                                      "speculative.remember": False, **overrides})  # fmt: skip
     return Engine(config)
 
 

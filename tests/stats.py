@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy.stats import chi2
 
-SIGNIFICANCE = 1e-6  # DESIGN §3: a correct sampler fails a test with probability 1e-6
+SIGNIFICANCE = 1e-6  # docs/design.md, Proving exactness: a correct sampler fails a test with probability 1e-6
 
 
 @dataclass

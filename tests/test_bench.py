@@ -130,3 +130,44 @@ def test_kernels_bench_compares_placements_and_checks_invariance(real_paths) -> 
     assert ("CPU_REPACK" in default or "AMX" in default) and "CPU_REPACK" not in plain and "AMX" not in plain
     assert default.endswith("| yes |") and plain.endswith("| yes |")  # both placements batch-invariant
     assert default.count("(1.00×)") == 3
+
+
+def bench_module(name: str, *args: str, tmp_path) -> tuple[list[dict], str]:
+    """``python -m localspec.bench NAME ARGS`` on the demo pair with the worker's threads: its runs and table."""
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    runs = tmp_path / f"{name}.json"
+    proc = subprocess.run([sys.executable, "-m", "localspec.bench", name, *args, "--pair", "demo", "--threads",
+                           str(TEST_THREADS), "--json", str(runs)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(runs.read_text()), proc.stdout
+
+
+def test_the_cold_start_bench_times_a_fresh_process_per_reply(tmp_path) -> None:
+    """Issue 39: the cold-start bench runs each variant in its own `localspec generate`, interleaved, and
+    reports each against the target alone. Its "default" resumes what its earlier runs learnt: the
+    learnt state is in the folder it keeps, and the runs without it start from nothing."""
+    runs, table = bench_module("cold", "--prompts", "chat", "--max-tokens", "8", "--repeats", "2", "--adaptive",
+                               tmp_path=tmp_path)  # fmt: skip
+    assert [(r["variant"], r["repeat"]) for r in runs] == [
+        (variant, repeat) for repeat in (1, 2) for variant in ("target alone", "default", "nothing learnt")
+    ]
+    assert all(0 < r["tokens"] <= 8 and r["tokens_per_second"] > 0 and r["process_s"] > 0 for r in runs)
+    row = next(line for line in table.splitlines() if line.startswith("| chat |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert float(cells[3]) == pytest.approx(float(cells[2]) / float(cells[1]), abs=0.01)
+
+
+def test_the_front_ends_bench_drives_the_terminal_chat_and_the_api(tmp_path) -> None:
+    """Issue 39: one prompt through `localspec generate`, a real terminal chat and the API, interleaved;
+    every front end's engine rate is read from what that front end reports."""
+    runs, table = bench_module("frontends", "--max-tokens", "8", "--repeats", "1", tmp_path=tmp_path)
+    assert [(r["front_end"], r["variant"]) for r in runs] == [
+        (end, variant) for variant in ("target-only", "rejection") for end in ("generate", "chat", "api")
+    ]
+    assert all(0 < r["tokens"] <= 8 and r["tokens_per_second"] > 0 for r in runs)
+    assert "| target-only |" in table and "| rejection |" in table

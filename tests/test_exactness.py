@@ -1,4 +1,4 @@
-"""Statistical proof that the real speculative loop samples exactly from the target (DESIGN §3).
+"""Statistical proof that the real speculative loop samples exactly from the target (docs/design.md, Proving exactness).
 
 Toy prefix-dependent models (V = 6) give exact joint probabilities of the
 first four generated tokens by enumeration. The real loop runs with K = 3
@@ -9,7 +9,7 @@ chi-square at significance 1e-6 on each position's marginal, the adjacent
 pairs, the full 4-token joint, and the number of drafts accepted in the
 first step.
 
-Every test has negative controls: the four bugs of DESIGN §2 as small broken
+Every test has negative controls: the bugs listed in docs/design.md (Verification rules) as small broken
 variants, which must fail the same statistics by a wide margin. Run with
 ``pytest -s`` to see all the chi-square values.
 """

@@ -1,6 +1,6 @@
 """The drafter-invariant pick: exact Gumbel-max sampling with noise on the head only.
 
-Chi-square at significance 1e-6 with fixed keys (DESIGN §3), on rows built so
+Chi-square at significance 1e-6 with fixed keys (docs/design.md, Proving exactness), on rows built so
 that the *tail* path (one Gumbel for all tokens far below the best, then an
 exact draw inside the tail) decides often; negative controls show that the
 same statistic catches the ways such a shortcut goes wrong.

@@ -1,6 +1,6 @@
 """The sampling transform and the verification rules, without sampling statistics.
 
-Algebra of DESIGN §3 (the residual identity and its edge cases), the
+Algebra of docs/design.md (Proving exactness) (the residual identity and its edge cases), the
 transform's edge cases, and hypothesis property tests over random logits,
 temperatures, truncations and vocabulary sizes.
 """
@@ -71,8 +71,8 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def decomposes(p: np.ndarray, q: np.ndarray, residual_row: np.ndarray | None = None) -> bool:
-    """min(p, q) + (1 - sum min(p, q)) * residual == p, elementwise (DESIGN §3), with the production residual
-    unless another row is given (the negative controls)."""
+    """min(p, q) + (1 - sum min(p, q)) * residual == p, elementwise (docs/design.md, Proving exactness), with
+    the production residual unless another row is given (the negative controls)."""
     m = np.minimum(p, q)
     rejection = 1.0 - m.sum()
     if rejection <= 1e-15:
@@ -91,7 +91,8 @@ def test_residual_identity_on_random_pairs() -> None:
         p = probabilities(rng.normal(size=v) * 3, SamplingParams(temperature=0.8))
         q = probabilities(rng.normal(size=v) * 3, SamplingParams(temperature=1.3))
         assert decomposes(p, q)
-        # negative controls: the bug of DESIGN §2 (residual replaced by p), and q in place of p - q
+        # negative controls: bug 3 of docs/design.md, Verification rules (the residual replaced by p), and
+        # q in place of p - q
         assert not decomposes(p, q, p) and not decomposes(p, q, q)
 
 

@@ -76,7 +76,9 @@ def test_chat_streams_coloured_tokens_and_debugging_tab_explains_them(page):
     assert background not in ("rgba(0, 0, 0, 0)", "transparent"), "accepted tokens must be tinted"
     underline = accepted.evaluate("e => getComputedStyle(e).textDecorationLine + ' ' + getComputedStyle(e).textDecorationStyle")
     assert underline == "underline solid", "colour is never the only cue: accepted tokens are underlined"
-    assert "p(token)" in accepted.get_attribute("title")  # the hover evidence
+    accepted.hover()  # the evidence is read from the server when the token is hovered
+    page.wait_for_selector("#ls-tip.ls-tip-on", timeout=30_000)
+    assert "p(token)" in page.locator("#ls-tip").inner_text() and accepted.get_attribute("title") is None
     assert page.locator("#ls-legend .ls-tok").count() == 4
     page.wait_for_function("document.querySelector('#ls-stats [data-stat=tps] .ls-card-v').textContent !== '–'")
     page.screenshot(path=str(ARTIFACTS / "ui-chat.png"), full_page=True)
@@ -186,3 +188,48 @@ def test_a_second_tab_waits_and_its_stop_cancels_the_queued_request(page, ui_ser
         )
     finally:
         other.close()
+
+
+# counts the animation frames the page asks for (installed before any of the page's scripts)
+COUNT_FRAMES = """(() => { const frame = window.requestAnimationFrame.bind(window); window.lsFrames = 0;
+  window.requestAnimationFrame = function (callback) { window.lsFrames++; return frame(callback); }; })()"""
+IDLE_FRAMES_JS = "async () => { const before = window.lsFrames; await new Promise(r => setTimeout(r, 2000)); " \
+                 "return window.lsFrames - before; }"  # fmt: skip
+
+
+def test_an_idle_page_draws_no_frames(chromium, ui_server):
+    """Issue 39: Gradio's status tracker ran a timer on every animation frame (60 a second) while the page
+    sat idle, and on two shared cores the model paid for it. The page puts a script before Gradio's own
+    that slows that timer down: over 2 s of an idle chat, at most a handful of frames. Control: the same
+    page with that script taken out of its HTML asks for a frame every 1/60 s."""
+    from playwright.sync_api import sync_playwright
+
+    url, _proc, _log = ui_server
+
+    def idle_frames(strip_early_script: bool) -> int:
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        context.add_init_script(COUNT_FRAMES)
+        if strip_early_script:
+            def without(route):
+                page_html = route.fetch().text()
+                head = page_html.index("<head>") + len("<head>")
+                assert page_html[head:].startswith("<script>"), "the early script must come first in the head"
+                route.fulfill(body=page_html[:head] + page_html[page_html.index("</script>", head) + 9:],
+                              content_type="text/html")  # fmt: skip
+            context.route(url + "/", without)
+        page = context.new_page()
+        page.goto(url, wait_until="load")
+        page.wait_for_selector("#ls-message textarea", timeout=60_000)
+        page.wait_for_function("document.querySelector('#ls-stats-box')")
+        page.evaluate(IDLE_FRAMES_JS)  # the page settles: Gradio's start-up waits a bounded number of frames
+        frames = page.evaluate(IDLE_FRAMES_JS)
+        context.close()
+        return frames
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium), args=ARGS, headless=True)
+        try:
+            assert idle_frames(strip_early_script=False) <= 10
+            assert idle_frames(strip_early_script=True) >= 60  # the control: Gradio alone
+        finally:
+            browser.close()

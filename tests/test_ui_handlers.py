@@ -8,7 +8,6 @@ history, traces that round-trip, replay verdicts).
 
 from __future__ import annotations
 
-import html
 import json
 import re
 import threading
@@ -27,7 +26,7 @@ from ui.session import Session, Settings
 
 pytestmark = pytest.mark.models
 
-SPAN = re.compile(r'<span class="ls-tok ls-(\w+)[^"]*" data-status="(\w+)" data-i="(\d+)" title="([^"]*)">')
+SPAN = re.compile(r'<span class="ls-tok ls-(\w+)[^"]*" data-status="(\w+)" data-i="(\d+)">')
 
 
 @pytest.fixture(scope="module")
@@ -59,36 +58,41 @@ def settings(**overrides) -> Settings:
     return Settings.from_config(Config()).replace(**values)
 
 
-def spans(chat_html: str) -> list[tuple[str, str, int, str]]:
-    return [(cls, status, int(i), html.unescape(title)) for cls, status, i, title in SPAN.findall(chat_html)]
+def spans(chat_html: str) -> list[tuple[str, str, int]]:
+    return [(cls, status, int(i)) for cls, status, i in SPAN.findall(chat_html)]
 
 
-def test_streaming_reply_colours_every_token_with_its_fate(conversation):
+def test_streaming_reply_colours_every_token_with_its_fate(app, conversation):
     outputs, state = conversation
-    assert len(outputs) >= 2, "the reply should stream in several updates"
-    final_html, stats_html, notice, _state, textbox = outputs[-1]
-    assert notice == "" and textbox == ""
+    final = outputs[-1]
+    assert final.notice == "" and final.textbox == ""
     run = state.turns[0].trace
     assert run.result is not None and run.result["stop_reason"] in ("max_tokens", "eos")
-    found = spans(final_html)
-    # streaming: an intermediate update already had coloured spans, but fewer than at the end
-    assert any(0 < len(spans(o[0])) < len(found) for o in outputs[:-1])
-    statuses = {status for _, status, _, _ in found}
+    found = spans(final.chat)
+    # the conversation goes to the page when the reply starts (naming it, so the page asks for its tokens)
+    # and when it ends; in between, only the stats
+    assert json.loads(outputs[0].stream) == {"reply": run.id, "turn": 0}
+    assert all(o.chat is None and o.stream is None for o in outputs[1:-1])
+    statuses = {status for _, status, _ in found}
     assert statuses <= {"accepted", "corrected", "bonus", "target"}
     assert "accepted" in statuses  # the Q4_1 draft agrees with its F32 target ~98% of the time
-    assert all(cls == status for cls, status, _, _ in found)
+    assert all(cls == status for cls, status, _ in found)
     # every emitted token is on screen with the status the engine gave it
-    by_index = {i: status for _, status, i, _ in found}
+    by_index = {i: status for _, status, i in found}
     assert by_index == {i: t["status"] for i, t in enumerate(run.tokens) if t["text"]}
-    # tooltips carry the evidence
-    for _, status, i, title in found:
+    # a token's evidence is read when it is hovered (the page asks by reply id and token index)
+    assert f'data-reply="{run.id}"' in final.chat and "title=" not in final.chat
+    for _, status, i in found:
+        evidence = app.evidence(f"{run.id}:{i}")
         token = run.tokens[i]
         if status == "accepted":
-            assert f"p(token) = {token['p']:.3f}" in title and "uniform u = " in title
+            assert f"p(token) = {token['p']:.3f}" in evidence and "uniform u = " in evidence
         elif status == "corrected":
-            assert "residual" in title and "rejecting" in title
+            assert "residual" in evidence and "rejecting" in evidence
         elif status == "bonus":
-            assert "free target token" in title
+            assert "free target token" in evidence
+    assert app.evidence(f"{run.id}:{len(run.tokens)}") == app.evidence("no-such-reply:0") == app.evidence("x") == ""
+    final_html, stats_html = final.chat, final.stats
     # the user's text is escaped, never interpreted
     assert "Name three &lt;b&gt;colours&lt;/b&gt;." in final_html and "<b>colours</b>" not in final_html
     # the next prompt is built from plain text only
@@ -101,6 +105,31 @@ def test_streaming_reply_colours_every_token_with_its_fate(conversation):
     assert "ls-verdict" in stats_html
 
 
+def test_the_page_asks_for_a_streaming_replys_tokens_and_gets_them_all(app):
+    """While a reply streams, each poll brings the operations since the page's last, at once when there are
+    any; applied in order they leave the bubble as the finished reply's full render. Then: over."""
+    from .test_ui_stream import Bubble
+
+    state = ChatState()
+    stream = app.respond("Tell me a long story about a dragon.", state, settings(max_tokens=120), key="t-poll")
+    reply = json.loads(next(stream).stream)["reply"]
+    bubble, answers = Bubble(), []
+    while True:
+        answer = json.loads(app.poll(f"{reply}:{bubble.seq}"))
+        answers.append(len(answer["ops"]))
+        bubble.apply(answer["ops"])
+        assert not bubble.stale
+        if answer["done"]:
+            break
+    final = list(stream)[-1]
+    run = state.turns[-1].trace
+    assert len(run.tokens) == 120 and len(answers) > 1, answers  # it streamed in several answers
+    body = re.search(f'data-reply="{reply}"><div class="ls-bubble">(.*?)</div><div class="ls-footer">', final.chat, re.DOTALL).group(1)
+    assert bubble.html() == re.sub(r' data-b="\d+"', "", body) != ""
+    assert json.loads(app.poll(f"{reply}:0")) == {"ops": [], "done": True}  # over: the final render shows it
+    assert json.loads(app.poll("no-such-reply:0"))["done"]
+
+
 def test_second_turn_reuses_plain_history(conversation):
     _outputs, state = conversation
     assert len(state.turns) == 2
@@ -110,21 +139,29 @@ def test_second_turn_reuses_plain_history(conversation):
 
 
 def test_stop_from_another_thread_ends_the_reply_within_one_step(app):
-    """Stop pressed (on another thread, as Gradio runs it) at the first streamed token.
+    """Stop pressed (on another thread, as Gradio runs it) once the reply streams.
 
-    ``respond`` is a generator, so while the test holds a streamed update the
-    loop is paused: what it has done so far is exactly what the run holds, and
-    the bounds are exact — at most the step in progress finishes.
+    The loop looks at Stop between steps, so after it is set at most the step
+    in progress finishes. The reply runs on a thread of its own, so the test
+    counts the steps and tokens from inside the Stop event, right after it is
+    set: nothing can start after that, only the step in progress end.
     """
     k = 4
     state = ChatState()
+    seen: dict[str, int] = {}
+
+    class CountedStop(threading.Event):
+        def set(self) -> None:
+            super().set()
+            run = state.turns[-1].trace
+            seen.setdefault("steps", len(run.steps))
+            seen.setdefault("tokens", len(run.tokens))
+
     app.queue_message("Tell me a long story about a dragon.", state, key="t3")
+    app._cancels["t3"] = CountedStop()  # the tab's Stop, counting (queue_message cleared the old one)
     stream = app.respond("Tell me a long story about a dragon.", state, settings(max_tokens=400, draft_tokens=k), key="t3")
-    for _chat, *_ in stream:
-        run = state.turns[-1].trace if state.turns else None
-        if run is not None and run.tokens:
-            steps_seen = len(run.steps)
-            emitted_seen = sum(len(step["emitted"]) for step in run.steps)
+    for _update in stream:
+        if state.turns and state.turns[-1].trace.tokens:
             presser = threading.Thread(target=app.stop, args=("t3",))
             presser.start()
             presser.join()
@@ -132,9 +169,9 @@ def test_stop_from_another_thread_ends_the_reply_within_one_step(app):
     rest = list(stream)
     run = state.turns[-1].trace
     assert run.result["stop_reason"] == "cancelled"
-    assert len(run.steps) <= steps_seen + 1, "only the step in progress may finish after Stop"
-    assert len(run.tokens) <= emitted_seen + k + 1
-    assert "stopped" in rest[-1][0]
+    assert len(run.steps) <= seen["steps"] + 1, "only the step in progress may finish after Stop"
+    assert len(run.tokens) <= seen["tokens"] + k + 1
+    assert "stopped" in rest[-1].chat
     # the next message is a new request: the old Stop does not cancel it
     app.queue_message("Hi", state, key="t3")
     list(app.respond("Hi", state, settings(max_tokens=6), key="t3"))
@@ -146,7 +183,7 @@ def test_stop_pressed_while_the_request_is_queued(app):
     state = ChatState()
     app.queue_message("Tell me about tea.", state, key="t12")  # sent: the request waits in the queue
     app.stop("t12")  # Stop while it waits
-    chat_html, _stats, notice, state, textbox = list(app.respond("Tell me about tea.", state, settings(), key="t12"))[-1]
+    chat_html, _stats, notice, state, textbox, _stream = list(app.respond("Tell me about tea.", state, settings(), key="t12"))[-1]
     assert state.turns == [] and textbox == "Tell me about tea."
     assert "stopped before the reply began" in notice and "Tell me about tea" not in chat_html
     # sending it again works
@@ -171,13 +208,13 @@ def test_a_second_tabs_stop_cancels_only_its_own_queued_request(app):
     app.stop("tab-b")
     final_a = list(stream)[-1][0]
     assert a.turns[-1].trace.result["stop_reason"] == "max_tokens" and "ls-chip-stop" not in final_a
-    _chat, _stats, notice, b, textbox = list(app.respond("Tell me about mountains.", b, settings(), key="tab-b"))[-1]
+    _chat, _stats, notice, b, textbox, _stream = list(app.respond("Tell me about mountains.", b, settings(), key="tab-b"))[-1]
     assert "stopped before the reply began" in notice and b.turns == [] and textbox == "Tell me about mountains."
 
 
 def test_bad_settings_show_a_one_line_error_and_keep_the_message(app):
     state = ChatState()
-    chat_html, _stats, notice, state, textbox = list(app.respond("Hi", state, settings(temperature=-1), key="t4"))[-1]
+    chat_html, _stats, notice, state, textbox, _stream = list(app.respond("Hi", state, settings(temperature=-1), key="t4"))[-1]
     assert "temperature" in notice and "ls-notice-error" in notice
     assert textbox == "Hi" and state.turns == []
 
@@ -187,7 +224,7 @@ def test_adaptive_checkbox_and_k_reach_the_generation_options(app):
     with the configured adaptive minimum of 1)."""
     for adaptive, k in ((False, 3), (True, 5), (True, 0)):
         state = ChatState()
-        *_, (chat_html, _s, notice, state, _t) = app.respond(
+        *_, (chat_html, _s, notice, state, _t, _stream) = app.respond(
             "Hi", state, settings(max_tokens=6, adaptive=adaptive, draft_tokens=k), key="t-adaptive"
         )
         options = state.view.header["options"]
@@ -207,7 +244,7 @@ def test_incompatible_pair_shows_error_and_the_app_stays_usable(app, demo_paths)
     notice, _ = app.load_pair(str(target), "models/does-not-exist.gguf")
     assert "does-not-exist.gguf" in notice and app.session.engine is before
     state = ChatState()
-    *_, (chat_html, _s, notice, state, _t) = app.respond("Hi", state, settings(max_tokens=6), key="t5")
+    *_, (chat_html, _s, notice, state, _t, _stream) = app.respond("Hi", state, settings(max_tokens=6), key="t5")
     assert notice == "" and spans(chat_html)
 
 
@@ -323,7 +360,7 @@ def test_a_long_conversation_leaves_old_turns_out_instead_of_failing(demo_paths)
         notices = []
         for tag in "abcd":
             message = f"Note {tag}: " + " ".join(f"{tag}{i}" for i in range(60))
-            *_, (_html, _stats, notice, state, textbox) = chat_app.respond(message, state, settings(max_tokens=16), key="long")
+            *_, (_html, _stats, notice, state, textbox, _stream) = chat_app.respond(message, state, settings(max_tokens=16), key="long")
             assert "ls-notice-error" not in notice and textbox == "", notice
             assert state.turns[-1].trace.result is not None
             notices.append(notice)
@@ -385,7 +422,7 @@ def test_text_that_is_not_valid_unicode_gets_a_reply(app) -> None:
     _box, pending_html, pending = app.queue_message("\ud800 hi", state, key="t-unicode")
     assert pending == "\ufffd hi" and "\ud800" not in pending_html
     raw = "\ud800 hi"  # as the UI's API endpoint passes it on, before any queue_message
-    chat_html, _stats, notice, state, textbox = list(app.respond(raw, state, settings(max_tokens=6), key="t-unicode"))[-1]
+    chat_html, _stats, notice, state, textbox, _stream = list(app.respond(raw, state, settings(max_tokens=6), key="t-unicode"))[-1]
     assert notice == "" and textbox == "" and state.turns[-1].user == "\ufffd hi"
     assert state.turns[-1].trace.tokens and chat_html.encode("utf-8")
     assert state.conversation.turns[-1].trace.header["prompt_text"].encode("utf-8")

@@ -18,12 +18,14 @@ import os
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # before gradio is imported: no telemetry, no version check
 
 import inspect  # noqa: E402
+import json  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+import weakref  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable, Iterator  # noqa: E402
+from typing import Any, Callable, Iterator, NamedTuple  # noqa: E402
 
 import gradio as gr  # noqa: E402  (handlers' gr.Request annotations are resolved from module globals)
 
@@ -35,14 +37,18 @@ from localspec.app.usertext import clean  # noqa: E402
 from localspec.core.errors import LocalspecError  # noqa: E402
 
 from . import debug_view as dv  # noqa: E402
-from .render import legend, notice_html, render_conversation, stats_html  # noqa: E402
-from .session import PANEL, ReplayReport, Session, Settings, speed_of, timestamped_trace_path  # noqa: E402
+from .render import LiveReply, legend, notice_html, render_conversation, rows_by_position, stats_html, token_tooltip  # noqa: E402
+from .session import PANEL, ReplayReport, Session, Settings, timestamped_trace_path  # noqa: E402
+from .theme import EARLY_JS, STREAM_JS  # noqa: E402
 
-STREAM_INTERVAL_S = 0.06  # at most ~16 screen updates a second while streaming
-# Every update re-sends the whole conversation (a token's span carries its evidence in a tooltip,
-# ~250 bytes), so a long reply would flood a browser at 16 updates a second: updates are spaced so
-# that at most this many bytes a second go out, and the screen never falls behind the reply.
-STREAM_BYTES_PER_S = 2_000_000
+# While a reply streams, the page asks for its new tokens every STREAM_INTERVAL_S (a request answered as soon
+# as there are any, or after POLL_WAIT_S), and its stats come through Gradio every STATS_INTERVAL_S. Every update
+# costs the browser CPU, and on a machine whose cores run llama.cpp that time is taken from the model
+# (docs/performance.md, "The chat UI at the engine's speed").
+STREAM_INTERVAL_S = 0.25
+STATS_INTERVAL_S = 0.5
+POLL_WAIT_S = 1.0
+POLL_STEP_S = 0.03
 
 
 @dataclass
@@ -58,12 +64,25 @@ class ChatState:
         return self.conversation.turns
 
 
+class Update(NamedTuple):
+    """One update of the chat tab; ``None`` leaves that output as it is."""
+
+    chat: str | None  # the whole conversation: when a reply starts and ends, never while it streams
+    stats: str | None
+    notice: str | None
+    state: ChatState
+    textbox: str | None
+    stream: str | None  # when a reply starts: its id and turn, so the page asks for its tokens (:meth:`ChatApp.poll`)
+
+
 class ChatApp:
-    """All handlers. ``key`` identifies a browser tab (Gradio's session hash) for the stop button."""
+    """All handlers. ``key`` identifies a browser tab (Gradio's session hash) for Stop and hover evidence."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
         self._cancels: dict[str, threading.Event] = {}
+        self._replies: weakref.WeakValueDictionary[str, Trace] = weakref.WeakValueDictionary()  # while a chat holds them
+        self._live: dict[str, LiveReply] = {}  # the replies streaming now, by id
         self._busy = threading.Event()
 
     # --- chat ------------------------------------------------------------
@@ -80,18 +99,19 @@ class ChatApp:
             return "", render_conversation(state.turns), ""
         return "", render_conversation(state.turns, pending=message, busy=self._busy.is_set()), message
 
-    def respond(
-        self, message: str, state: ChatState, settings: Settings, key: str = "default"
-    ) -> Iterator[tuple[str, str, str, ChatState, str]]:
-        """Stream a reply. Yields (chat html, stats html, notice html, state, textbox value)."""
+    def respond(self, message: str, state: ChatState, settings: Settings, key: str = "default",
+                every: float = STATS_INTERVAL_S) -> Iterator[Update]:  # fmt: skip
+        """Stream a reply: the conversation once with the new turn, then the stats now and then, then the
+        conversation once more, finished. In between the page asks :meth:`poll` for the tokens, so its cost per
+        token does not grow with the reply; the reply runs on a thread of its own and never waits for the page."""
         message = (message or "").strip()
         if not message:
-            yield render_conversation(state.turns), self._stats(state), "", state, ""
+            yield Update(render_conversation(state.turns), self._stats(state), "", state, "", None)
             return
         cancel = self._cancel_event(key)
         if cancel.is_set():  # Stop was pressed while this request waited in the queue
             notice = notice_html("stopped before the reply began — your message is back in the box", "info")
-            yield render_conversation(state.turns), self._stats(state), notice, state, message
+            yield Update(render_conversation(state.turns), self._stats(state), notice, state, message, None)
             return
         self._busy.set()
         try:
@@ -100,24 +120,56 @@ class ChatApp:
                 events = state.conversation.reply(self.session.engine, config, message, cancel, config.trace.top_n)
                 next(events, None)  # settings, prompt and model errors surface here, before the turn is added
             except LocalspecError as error:
-                yield render_conversation(state.turns), self._stats(state), notice_html(str(error)), state, message
+                yield Update(render_conversation(state.turns), self._stats(state), notice_html(str(error)), state, message, None)
                 return
             trace = state.turns[-1].trace
             state.view, state.selected = trace, None
+            self._replies[trace.id] = trace
+            self._live[trace.id] = LiveReply()
             info = notice_html(trace.notice, "info") if trace.notice else ""
-            last, interval = 0.0, STREAM_INTERVAL_S
-            for _event in events:
-                now = time.perf_counter()
-                if trace.result is None and now - last < interval:
-                    continue
-                last = now
-                chat_html = render_conversation(state.turns)
-                interval = max(STREAM_INTERVAL_S, len(chat_html) / STREAM_BYTES_PER_S)
-                yield chat_html, self._stats(state), info, state, ""
+            started = json.dumps({"reply": trace.id, "turn": len(state.turns) - 1})  # the page starts asking
+            done = threading.Event()
+            threading.Thread(target=_run_reply, args=(events, trace, done), name="localspec-reply", daemon=True).start()
+            try:
+                yield Update(render_conversation(state.turns), self._stats(state), info, state, "", started)
+                while not done.wait(every):
+                    yield Update(None, self._stats(state), None, state, None, None)
+            finally:
+                if not done.is_set():  # the page went away mid-reply: end it within a step, as Stop does
+                    cancel.set()
+                    done.wait()
+                self._live.pop(trace.id, None)
             notice = notice_html(trace.error) if trace.error else info
-            yield render_conversation(state.turns), self._stats(state), notice, state, ""
+            yield Update(render_conversation(state.turns), self._stats(state), notice, state, "", None)
         finally:
             self._busy.clear()
+
+    def poll(self, where: str) -> str:
+        """What the page asks while a reply streams (``"reply id:last operation it applied"``): the operations
+        since then, as JSON, once there are any (waiting up to ``POLL_WAIT_S``), and whether the reply is over.
+        The page asks again after ``STREAM_INTERVAL_S``, so updates cost the browser a request, not an event."""
+        reply_id, _, seq = where.partition(":")
+        deadline = time.perf_counter() + POLL_WAIT_S
+        while True:
+            live, run = self._live.get(reply_id), self._replies.get(reply_id)
+            if live is None or run is None:
+                return json.dumps({"ops": [], "done": True})  # over (the final render shows it) or unknown
+            over = run.result is not None or bool(run.error)  # its last tokens came before its result
+            live.update(run.tokens)
+            ops = live.ops_after(int(seq or 0))
+            if ops or over or time.perf_counter() >= deadline:
+                return json.dumps({"ops": ops, "done": over})
+            time.sleep(POLL_STEP_S)
+
+    def evidence(self, where: str) -> str:
+        """The evidence behind one token of a reply in a chat (``"reply id:token index"``), as its hover shows it;
+        "" if there is no such token. Read when the token is hovered, so no update carries it."""
+        reply_id, _, index = where.partition(":")
+        run = self._replies.get(reply_id)
+        try:
+            return token_tooltip(run.tokens[int(index)], rows_by_position(run.steps))
+        except (AttributeError, IndexError, ValueError):
+            return ""
 
     def stop(self, key: str = "default") -> None:
         """Ask this tab's generation to stop (the loop ends within one step), or its queued one not to start."""
@@ -143,7 +195,7 @@ class ChatApp:
 
     def _stats(self, state: ChatState) -> str:
         trace = state.turns[-1].trace if state.turns else None
-        return stats_html(speed_of(trace, self.session.target_token_seconds()) if trace is not None else None)
+        return stats_html(self.session.speed(trace) if trace is not None else None)
 
     # --- model pair --------------------------------------------------------
     def load_pair(self, target: str, draft: str) -> tuple[str, str]:
@@ -230,6 +282,18 @@ class ChatApp:
         return dv.replay_html(report), report
 
 
+def _run_reply(events: Iterator[Any], trace: Trace, done: threading.Event) -> None:
+    """Run a reply to its end on a thread of its own (its trace records every event as it comes), so the
+    decode loop never waits while the page is updated; ``done`` is set when it has ended."""
+    try:
+        for _event in events:
+            pass
+    except Exception as error:  # a bug ends the reply with a message on the page instead of a hang
+        trace.error = trace.error or f"internal error: {type(error).__name__}: {error}"
+    finally:
+        done.set()
+
+
 def _escape(text: str) -> str:
     import html
 
@@ -308,6 +372,7 @@ class _Chat:
     target: Any
     draft: Any
     load: Any
+    stream: Any  # takes a streaming reply's updates and applies them to the page (ui/theme.py: STREAM_JS)
 
 
 @dataclass
@@ -361,6 +426,8 @@ def _chat_tab(app: ChatApp, startup_notice: str) -> _Chat:
         with gr.Column(scale=3, min_width=480):
             gr.HTML(legend())
             chat = gr.HTML(render_conversation([]), elem_id="ls-chat", autoscroll=True)
+            stream_js = STREAM_JS.replace("STREAM_INTERVAL_MS", str(round(STREAM_INTERVAL_S * 1000)))
+            stream = gr.HTML("", html_template="", js_on_load=stream_js, elem_id="ls-stream")
             notice = gr.HTML(startup_notice, elem_id="ls-notice")
             with gr.Row(equal_height=True):
                 message = gr.Textbox(placeholder="Message the target model…  (Enter to send)", show_label=False,
@@ -385,7 +452,56 @@ def _chat_tab(app: ChatApp, startup_notice: str) -> _Chat:
                 draft = gr.Dropdown(drafts, value=drafts[0], label="draft (.gguf, ngram, none)", allow_custom_value=True)
                 load = gr.Button("Load pair", elem_id="ls-load-pair")
     settings = [controls[key] for key in PANEL]  # the order Settings.from_panel reads
-    return _Chat(chat, notice, message, send, stop, regenerate, clear, stats, settings, target, draft, load)
+    return _Chat(chat, notice, message, send, stop, regenerate, clear, stats, settings, target, draft, load, stream)
+
+
+def serve_early_script(server_app, script: str) -> None:
+    """Put ``script`` first in the head of the page Gradio serves, so it runs before Gradio's own modules
+    (the ``head`` HTML given to Gradio is added by those modules, after they ran)."""
+    tag = f"<script>{script}</script>".encode()
+    for route in server_app.router.routes:
+        if getattr(route, "path", None) == "/" and "GET" in (getattr(route, "methods", None) or ()):
+            route.app = _inserting_after_head(route.app, tag)
+
+
+def _inserting_after_head(asgi, tag: bytes):
+    """An ASGI app answering as ``asgi`` does, with ``tag`` inserted after the first ``<head>``."""
+
+    async def answer(scope, receive, send) -> None:
+        started: dict = {}
+        body: list[bytes] = []
+
+        async def rewritten(message) -> None:
+            if message["type"] == "http.response.start":
+                started.update(message)
+                return
+            body.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            page = b"".join(body).replace(b"<head>", b"<head>" + tag, 1)
+            headers = [(k, v) for k, v in started.get("headers", []) if k.lower() != b"content-length"]
+            await send({**started, "headers": [*headers, (b"content-length", str(len(page)).encode())]})
+            await send({"type": "http.response.body", "body": page})
+
+        await asgi(scope, receive, rewritten)
+
+    return answer
+
+
+def add_stream_routes(server_app, app: ChatApp) -> None:
+    """What the page asks outside Gradio's events while a reply streams (its new tokens) and when a token
+    is hovered (its evidence), as plain routes beside Gradio's. A Gradio event, server functions
+    included, marks its component pending while it runs, and Gradio's status tracker then runs a timer
+    every frame: with a poll always outstanding the page drew 60 frames a second for the whole reply."""
+    from fastapi.responses import PlainTextResponse, Response
+
+    @server_app.get("/localspec/poll")
+    def poll(at: str = "") -> Response:  # a plain function: FastAPI runs it on a worker thread (it waits)
+        return Response(app.poll(at), media_type="application/json")
+
+    @server_app.get("/localspec/evidence")
+    def evidence(at: str = "") -> PlainTextResponse:
+        return PlainTextResponse(app.evidence(at))
 
 
 def _debug_tab() -> _Debug:
@@ -426,7 +542,8 @@ def _wire_chat(app: ChatApp, ui: _Chat, debug: _Debug, state, pending, badge) ->
 
     def respond(msg, st, *values_and_request):
         *values, request = values_and_request
-        yield from app.respond(msg, st, Settings.from_panel(*values), _key(request))
+        for update in app.respond(msg, st, Settings.from_panel(*values), _key(request)):
+            yield tuple(gr.skip() if value is None else value for value in update)
 
     _takes_request(respond, 2 + len(ui.settings))
 
@@ -439,8 +556,11 @@ def _wire_chat(app: ChatApp, ui: _Chat, debug: _Debug, state, pending, badge) ->
     def stop_reply(request: gr.Request) -> None:
         app.stop(_key(request))
 
-    outputs = [ui.chat, ui.stats, ui.notice, state, ui.message]
-    generate = dict(concurrency_limit=1, concurrency_id="engine", show_progress="hidden", api_name=False)
+    outputs = [ui.chat, ui.stats, ui.notice, state, ui.message, ui.stream]
+    # no progress anywhere: a pending component runs a timer every frame for the whole reply (the page drew
+    # 60 frames a second, and on shared cores the model paid for it); a State has no tracker to run
+    generate = dict(concurrency_limit=1, concurrency_id="engine", show_progress="hidden", show_progress_on=[state],
+                    api_name=False)  # fmt: skip
     for trigger in (ui.message.submit, ui.send.click):
         (
             trigger(queue_message, [ui.message, state], [ui.message, ui.chat, pending], queue=False, show_progress="hidden")
@@ -486,9 +606,11 @@ def _api_endpoint(app: ChatApp, ui: _Chat) -> None:
     def api_chat(msg, *values_and_request):
         *values, request = values_and_request
         app.new_request(_key(request))
-        for chat_html, stats_box, notice_box, _st, _msg in app.respond(msg, ChatState(), Settings.from_panel(*values),
-                                                                      _key(request)):  # fmt: skip
-            yield chat_html, stats_box, notice_box
+        state, stats, notice = ChatState(), "", ""
+        for update in app.respond(msg, state, Settings.from_panel(*values), _key(request), every=STREAM_INTERVAL_S):
+            stats = stats if update.stats is None else update.stats
+            notice = notice if update.notice is None else update.notice
+            yield update.chat or render_conversation(state.turns), stats, notice  # the whole chat, each time
 
     _takes_request(api_chat, 1 + len(ui.settings))
     api_box.submit(api_chat, [api_box, *ui.settings], [ui.chat, ui.stats, ui.notice], concurrency_limit=1,
@@ -557,6 +679,8 @@ def launch(config: Config, api: Callable[..., None] | None = None) -> None:
             prevent_thread_lock=True,
             allowed_paths=allowed_paths(config),
         )
+        serve_early_script(demo.server_app, EARLY_JS)
+        add_stream_routes(demo.server_app, app)
         if api is not None:
             api(demo.server_app, lambda: session.engine, config)
             print(f"localspec API: http://{host}:{port}/v1 (OpenAI-compatible, sharing the UI's models)", flush=True)

@@ -260,8 +260,8 @@ def replay_html(report: ReplayReport | None, message: str = "") -> str:
     if not report.identical:
         body += (
             '<div class="ls-replay-cols"><div><div class="ls-top-title">with draft</div><div class="ls-bubble">'
-            f"{render_tokens(report.original.tokens, report.original.steps, highlight=first)}</div></div>"
+            f"{render_tokens(report.original.tokens, highlight=first)}</div></div>"
             '<div><div class="ls-top-title">without draft</div><div class="ls-bubble">'
-            f"{render_tokens(report.replay.tokens, report.replay.steps, highlight=first)}</div></div></div>"
+            f"{render_tokens(report.replay.tokens, highlight=first)}</div></div></div>"
         )
     return body

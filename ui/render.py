@@ -1,10 +1,11 @@
-"""HTML for replies whose every token shows its fate (DESIGN §8), and the stats panel.
+"""HTML for replies whose every token shows its fate (docs/design.md, Visual language), and the stats panel.
 
 Everything here is a pure function of plain dicts — the ``to_dict()`` form of
 :mod:`localspec.events`, which is also what a JSONL trace holds — so a live
 reply and a trace loaded from disk render identically. Token text is always
-HTML-escaped; colour is never the only cue (class + underline style + a
-``title`` tooltip with the evidence + a legend).
+HTML-escaped; colour is never the only cue (class + underline style + the
+evidence on hover + a legend). While a reply streams, the page asks for
+what changed (:class:`LiveReply`) and appends it to the bubble.
 
 Markdown: a reply is split into prose and fenced code blocks. Prose keeps its
 line breaks (``white-space: pre-wrap``); a code block becomes a ``<pre>`` of
@@ -17,8 +18,11 @@ from __future__ import annotations
 
 import html
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
+
+from localspec.core.perf import LOADED_FROM
 
 STATUSES = ("accepted", "corrected", "bonus", "target")
 LABELS = {
@@ -29,6 +33,7 @@ LABELS = {
 }
 
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)(?:^```[ \t]*$\n?|\Z)", re.MULTILINE | re.DOTALL)
+_PARAGRAPH_END = re.compile(r"\n(?:[ \t]*\n)+")  # a blank line: prose is cut after it
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -95,20 +100,30 @@ class _Region:
 
 
 def _regions(text: str) -> list[_Region]:
-    """Split reply text into prose, fenced code, and the fence lines themselves."""
+    """Split reply text into prose paragraphs, fenced code, and the fence lines themselves.
+
+    Prose is cut after each blank line: each paragraph is a block of its own in the page, so a streamed
+    token lays out its paragraph again, not the whole reply (in one block, a long reply's every update
+    cost the browser more, and on shared cores the model with it)."""
     regions: list[_Region] = []
     cursor = 0
     for match in _FENCE.finditer(text):
         if match.start() > cursor:
-            regions.append(_Region("prose", cursor, match.start()))
+            regions += _paragraphs(text, cursor, match.start())
         regions.append(_Region("open", match.start(), match.start(2), match.group(1).strip()))
         regions.append(_Region("code", match.start(2), match.end(2), match.group(1).strip()))
         if match.end() > match.end(2):
             regions.append(_Region("close", match.end(2), match.end()))
         cursor = match.end()
     if cursor < len(text):
-        regions.append(_Region("prose", cursor, len(text)))
+        regions += _paragraphs(text, cursor, len(text))
     return regions
+
+
+def _paragraphs(text: str, start: int, end: int) -> list[_Region]:
+    cuts = [match.end() for match in _PARAGRAPH_END.finditer(text, start, end) if match.end() < end]
+    bounds = [start, *cuts, end]
+    return [_Region("prose", lo, hi) for lo, hi in zip(bounds, bounds[1:])]
 
 
 def rows_by_position(steps: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -121,58 +136,122 @@ def rows_by_position(steps: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any
     return out
 
 
-def render_tokens(
-    tokens: Sequence[dict[str, Any]],
-    steps: Sequence[dict[str, Any]] = (),
-    highlight: int | None = None,
-    cursor: bool = False,
-) -> str:
-    """A reply as coloured, escaped spans; code fences become ``<pre>`` blocks."""
-    by_position = rows_by_position(steps)
+@dataclass(frozen=True)
+class Block:
+    """One element of a reply's bubble: prose, a fenced code block, or a code block's language label.
+    ``pieces`` are (token index, start, end) of the token text it shows (a token may span two blocks)."""
+
+    kind: str  # prose / code / label
+    lang: str
+    pieces: tuple[tuple[int, int, int], ...]
+
+
+def layout(tokens: Sequence[dict[str, Any]]) -> list[Block]:
+    """The blocks a reply's tokens fall into: fenced code blocks become code (their fence lines hidden, the
+    opening one a language label), the rest prose."""
     pieces = [t.get("text", "") for t in tokens]
-    text = "".join(pieces)
-    starts = []
-    offset = 0
+    starts, offset = [], 0
     for piece in pieces:
         starts.append(offset)
         offset += len(piece)
-    titles: dict[int, str] = {}
-    out: list[str] = []
+    blocks: list[Block] = []
     index = 0  # first token that may overlap the current region
-    for region in _regions(text):
-        if region.kind in ("open", "close"):  # fence lines: hidden, the opening one becomes a label
+    for region in _regions("".join(pieces)):
+        if region.kind in ("open", "close"):
             while index < len(tokens) and starts[index] + len(pieces[index]) <= region.end:
                 index += 1
             if region.kind == "open":
-                out.append(f'<div class="ls-code-label">{html.escape(region.lang or "code")}</div>')
+                blocks.append(Block("label", region.lang or "code", ()))
             continue
-        body: list[str] = []
+        found = []
         i = index
         while i < len(tokens) and starts[i] < region.end:
-            lo = max(starts[i], region.start)
-            hi = min(starts[i] + len(pieces[i]), region.end)
+            lo, hi = max(starts[i], region.start), min(starts[i] + len(pieces[i]), region.end)
             if hi > lo:
-                if i not in titles:
-                    titles[i] = html.escape(token_tooltip(tokens[i], by_position), quote=True)
-                status = tokens[i].get("status", "target")
-                status = status if status in STATUSES else "target"
-                extra = " ls-hl" if highlight is not None and i == highlight else ""
-                body.append(
-                    f'<span class="ls-tok ls-{status}{extra}" data-status="{status}" data-i="{i}" '
-                    f'title="{titles[i]}">{html.escape(pieces[i][lo - starts[i] : hi - starts[i]])}</span>'
-                )
+                found.append((i, lo - starts[i], hi - starts[i]))
             if starts[i] + len(pieces[i]) <= region.end:
                 i += 1
             else:
                 break
         index = i
-        if region.kind == "code":
-            out.append(f'<pre class="ls-code"><code>{"".join(body)}</code></pre>')
-        else:
-            out.append(f'<span class="ls-prose">{"".join(body)}</span>')
-    if cursor:
-        out.append('<span class="ls-cursor">▍</span>')
+        blocks.append(Block(region.kind, region.lang, tuple(found)))
+    return blocks
+
+
+def render_spans(tokens: Sequence[dict[str, Any]], pieces: Sequence[tuple[int, int, int]], highlight: int | None = None) -> str:
+    """The spans of ``pieces``: each token coloured by its fate (class, underline, ``data-status``), its index in
+    ``data-i``; its evidence is read when it is hovered (:func:`token_tooltip`), not carried in every span."""
+    out = []
+    for i, lo, hi in pieces:
+        status = tokens[i].get("status", "target")
+        status = status if status in STATUSES else "target"
+        extra = " ls-hl" if highlight is not None and i == highlight else ""
+        text = html.escape(tokens[i].get("text", "")[lo:hi])
+        out.append(f'<span class="ls-tok ls-{status}{extra}" data-status="{status}" data-i="{i}">{text}</span>')
     return "".join(out)
+
+
+def render_block(block: Block, number: int, tokens: Sequence[dict[str, Any]], highlight: int | None = None) -> str:
+    """One block as the element the browser keeps (``data-b``: its place in the bubble)."""
+    if block.kind == "label":
+        return f'<div class="ls-code-label" data-b="{number}">{html.escape(block.lang)}</div>'
+    spans = render_spans(tokens, block.pieces, highlight)
+    if block.kind == "code":
+        return f'<pre class="ls-code" data-b="{number}"><code>{spans}</code></pre>'
+    return f'<span class="ls-prose" data-b="{number}">{spans}</span>'
+
+
+def render_tokens(tokens: Sequence[dict[str, Any]], highlight: int | None = None, cursor: bool = False) -> str:
+    """A reply as coloured, escaped spans; code fences become ``<pre>`` blocks."""
+    body = "".join(render_block(block, n, tokens, highlight) for n, block in enumerate(layout(tokens)))
+    return body + ('<span class="ls-cursor">▍</span>' if cursor else "")
+
+
+class LiveReply:
+    """What the page shows of a reply that is streaming, as numbered operations on its bubble.
+
+    Each operation keeps the bubble's first ``block`` blocks — and, when
+    ``keep`` is a token index, block ``block`` itself up to that token, then
+    appends ``spans`` to it — drops the rest and appends ``blocks``. A reply
+    that only grows costs one append of its new tokens; a fence that turns
+    prose into code rewrites only the blocks from there on. The page asks
+    for the operations after the last one it applied, so none is lost.
+    """
+
+    def __init__(self) -> None:
+        self._shown: list[Block] = []
+        self._ops: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def update(self, tokens: Sequence[dict[str, Any]]) -> None:
+        """Add the operation that brings the page from what it was sent to ``tokens`` (none if nothing changed)."""
+        with self._lock:
+            blocks = layout(tokens)
+            same = 0
+            while same < min(len(blocks), len(self._shown)) and blocks[same] == self._shown[same]:
+                same += 1
+            if same == len(blocks) == len(self._shown):
+                return
+            op: dict[str, Any] = {"seq": len(self._ops) + 1, "block": same, "keep": None, "spans": ""}
+            if same < min(len(blocks), len(self._shown)):
+                old, new = self._shown[same], blocks[same]
+                if (old.kind, old.lang) == (new.kind, new.lang) and old.kind != "label":
+                    kept = 0
+                    while kept < min(len(old.pieces), len(new.pieces)) and old.pieces[kept] == new.pieces[kept]:
+                        kept += 1
+                    op["keep"] = new.pieces[kept][0] if kept < len(new.pieces) else len(tokens)
+                    if kept < len(old.pieces):  # a token cut anew keeps the index of its first piece
+                        op["keep"] = min(op["keep"], old.pieces[kept][0])
+                    op["spans"] = render_spans(tokens, [p for p in new.pieces if p[0] >= op["keep"]])
+                    same += 1
+            op["blocks"] = "".join(render_block(block, n, tokens) for n, block in enumerate(blocks) if n >= same)
+            self._shown = blocks
+            self._ops.append(op)
+
+    def ops_after(self, seq: int) -> list[dict[str, Any]]:
+        """The operations numbered after ``seq``, in order."""
+        with self._lock:
+            return self._ops[max(seq, 0) :]
 
 
 def legend() -> str:
@@ -213,12 +292,13 @@ def render_conversation(turns: Sequence[Any], pending: str | None = None, busy: 
             parts.append(_waiting_bubble())
             continue
         streaming = run.result is None and last and not run.error
-        body = render_tokens(run.tokens, run.steps, cursor=streaming)
+        body = render_tokens(run.tokens, cursor=streaming)
         if not run.tokens and streaming:
             body = '<span class="ls-muted">thinking…</span><span class="ls-cursor">▍</span>'
         footer = _reply_footer(run)
         parts.append(
-            f'<div class="ls-msg ls-assistant" data-turn="{n}"><div class="ls-bubble">{body}</div>{footer}</div>'
+            f'<div class="ls-msg ls-assistant" data-turn="{n}" data-reply="{run.id}"><div class="ls-bubble">{body}</div>'
+            f"{footer}</div>"
         )
     if pending is not None:
         parts.append(_user_bubble(pending))
@@ -299,6 +379,8 @@ def stats_html(speed: Any | None, pair: str = "") -> str:
     predicted = f"predicted {speed.predicted_speedup:.2f}×" if speed.predicted_speedup is not None else ""
     if speed.target_token_s:
         predicted += f" · target alone {speed.target_token_s * 1000:.0f} ms/token"
+        if speed.load is not None and speed.load >= LOADED_FROM:
+            predicted += f" now ({speed.target_token_s / speed.load * 1000:.0f} at best)"
     cards = "".join([
         card("tokens / s", f"{speed.tokens_per_second:.1f}", f"{speed.tokens} tokens", "tps"),
         card("acceptance", f"{speed.acceptance:.0%}" if speed.acceptance is not None else "–", "accepted / drafted", "acc"),

@@ -75,7 +75,7 @@ class Settings:
 
 @dataclass
 class Speed:
-    """The live stats panel's numbers (DESIGN §7)."""
+    """The live stats panel's numbers (the performance model of docs/design.md)."""
 
     tokens: int
     tokens_per_second: float
@@ -87,19 +87,26 @@ class Speed:
     target_token_s: float | None = None  # the target-only cost the speedups are measured against
     slow: bool = False  # the draft measurably slows this reply down (a reply long enough to judge)
     sources: str = ""  # which drafter each step used (e.g. "lookup 37 · model 8 · none 15 steps")
+    load: float | None = None  # how much slower the target ran than its best timing (None: not known)
 
 
-def speed_of(run: Trace, target_token_s: float | None) -> Speed:
-    """tok/s, acceptance, tokens per step and measured vs predicted speedup of one run."""
+def speed_of(run: Trace, target_token_s: float | None, best_token_s: float | None = None) -> Speed:
+    """tok/s, acceptance, tokens per step and measured vs predicted speedup of one run.
+
+    ``target_token_s`` is the target-only cost under the reply's own conditions (see
+    :meth:`localspec.app.engine.Engine.target_seconds_during`) and ``best_token_s`` the fastest timing
+    of the target: their ratio tells a target slowed down by something else from a draft that costs
+    too much."""
     stats = run.stats()
     drafting = stats.drafted > 0
     measured = predicted = None
     verdict = ""
+    load = target_token_s / best_token_s if target_token_s and best_token_s else None
     if target_token_s and stats.tokens_per_second > 0 and drafting:
         measured = stats.tokens_per_second * target_token_s
         predicted = predicted_speedup(stats, target_token_s)
         # the verdict quotes the panel's own acceptance (accepted / drafted): one number, one definition
-        verdict = speedup_verdict(measured, predicted, stats.acceptance_rate, stats.n_tokens)
+        verdict = speedup_verdict(measured, predicted, stats.acceptance_rate, stats.n_tokens, load)
     elif not drafting and stats.n_tokens:
         verdict = "no draft tokens in this reply: every token came from the target alone"
     return Speed(
@@ -113,6 +120,7 @@ def speed_of(run: Trace, target_token_s: float | None) -> Speed:
         target_token_s=target_token_s if measured is not None else None,
         slow=measured is not None and slows_down(measured, stats.n_tokens),
         sources=stats.steps_by_source(),
+        load=load if measured is not None else None,
     )
 
 
@@ -183,10 +191,13 @@ class Session:
                 self._engine.close()
                 self._engine = None
 
-    def target_token_seconds(self) -> float | None:
-        """The loaded target's own cost per token if already measured (DESIGN §7); never measures:
-        mid-reply the engine lock is held."""
-        return self._engine.target_token_seconds(measure=False) if self._engine is not None else None
+    def speed(self, run: Trace) -> Speed:
+        """The stats panel's numbers for ``run``, against the target under the reply's own conditions.
+        Never measures: mid-reply the engine lock is held."""
+        engine = self._engine
+        if engine is None:
+            return speed_of(run, None)
+        return speed_of(run, engine.target_seconds_during(run.steps), engine.best_target_seconds())
 
     def replay_without_draft(self, run: Trace) -> ReplayReport:
         """Regenerate an invariant-mode run with the same seed and no draft; compare byte for byte."""
@@ -239,7 +250,7 @@ class Session:
             explanation = (
                 f"the texts differ from token #{first + 1}. Invariant mode guarantees the same text only when the "
                 "target's logits for a prefix are bit-identical whether computed in a verification batch or one "
-                f"token at a time (batch invariance, DESIGN §5). Measured here: {backend}"
+                f"token at a time (batch invariance; `localspec doctor` measures it). Measured here: {backend}"
             )
         return ReplayReport(identical, first, run, replay, explanation)
 

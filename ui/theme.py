@@ -1,4 +1,5 @@
-"""Look of the app: CSS for token fates (DESIGN §8), chat bubbles and panels, plus the token-click script.
+"""Look of the app: CSS for token fates (docs/design.md, Visual language), chat bubbles and panels, plus the
+token-click script.
 
 Kept as Python strings (not asset files) so a plain ``pip install`` of the
 package carries them. Fonts are the system's: the page must not fetch
@@ -54,8 +55,13 @@ CSS = """
   border: 2px solid var(--border-color-primary); border-top-color: var(--ls-acc); border-radius: 50%;
   animation: ls-spin .9s linear infinite; }
 @keyframes ls-spin { to { transform: rotate(360deg); } }
-.ls-cursor { animation: ls-blink 1s steps(2) infinite; color: var(--ls-acc); }
-@keyframes ls-blink { 50% { opacity: 0; } }
+/* the cursor does not blink: an endless animation makes the compositor draw 60 frames a second for the
+   whole reply, and on shared cores the model pays for it */
+.ls-cursor { color: var(--ls-acc); }
+/* a paragraph is a block of its own (a streamed token lays out only its own); the one the cursor
+   follows stays inline so the cursor sits at the end of its text */
+.ls-prose { display: block; }
+.ls-prose:has(+ .ls-cursor) { display: inline; }
 .ls-muted { color: var(--body-text-color-subdued); }
 .ls-empty { margin: auto; max-width: 520px; text-align:center; color: var(--body-text-color-subdued); line-height:1.6; }
 .ls-empty-title { font-size: 1.3rem; font-weight: 650; color: var(--body-text-color); margin-bottom: 6px; }
@@ -114,6 +120,109 @@ td.ls-top-p { font-variant-numeric: tabular-nums; text-align: right; white-space
 td.ls-top-mark { white-space: nowrap; font-size: .72rem; color: var(--body-text-color-subdued); }
 tr.ls-top-chosen td { font-weight: 700; background: rgba(234,179,8,.14); }
 #ls-token-pick { display: none !important; }
+#ls-stream { display: none !important; }
+#ls-tip { position: fixed; z-index: 1000; max-width: 460px; padding: 6px 9px; border-radius: 6px;
+          background: #1f2937; color: #f9fafb; font-size: .78rem; line-height: 1.35; white-space: pre-line;
+          pointer-events: none; box-shadow: 0 4px 14px rgba(0,0,0,.25); display: none; }
+#ls-tip.ls-tip-on { display: block; }
+"""
+
+# The hidden stream component's js_on_load (Gradio runs it once, with ``watch`` and ``props``).
+# When a reply starts, the component's value names it, and the page asks the server for its new tokens
+# (ChatApp.poll, through a plain route: ui/app.py add_stream_routes) every STREAM_INTERVAL_MS until it is over, applying each operation (ui/render.py:
+# LiveReply) to the reply's bubble: keep a prefix of its blocks (and of one block's tokens), drop the
+# rest, append what is new. A hovered token's evidence is asked of the server (ChatApp.evidence).
+STREAM_JS = """
+async function ask(what, at) {  // ui/app.py: add_stream_routes
+  const answer = await fetch('localspec/' + what + '?at=' + encodeURIComponent(at));
+  if (!answer.ok) throw new Error(what + ': ' + answer.status);
+  return answer.text();
+}
+const tip = document.getElementById('ls-tip') || document.body.appendChild(Object.assign(
+  document.createElement('div'), { id: 'ls-tip', role: 'tooltip' }));
+let hovered = null;
+document.addEventListener('mouseover', async function (event) {
+  const tok = event.target.closest && event.target.closest('#ls-chat-log .ls-tok[data-i]');
+  if (!tok || tok === hovered) return;
+  hovered = tok;
+  const reply = tok.closest('[data-reply]');
+  if (!reply) return;
+  if (tok.dataset.evidence === undefined) {
+    try { tok.dataset.evidence = await ask('evidence', reply.dataset.reply + ':' + tok.dataset.i); } catch (e) { return; }
+  }
+  if (hovered !== tok || !tok.dataset.evidence) return;
+  tip.textContent = tok.dataset.evidence;
+  tok.setAttribute('aria-describedby', 'ls-tip');
+  const box = tok.getBoundingClientRect();
+  tip.classList.add('ls-tip-on');
+  tip.style.left = Math.max(4, Math.min(box.left, window.innerWidth - tip.offsetWidth - 4)) + 'px';
+  const below = box.bottom + 6, above = box.top - tip.offsetHeight - 6;
+  tip.style.top = (below + tip.offsetHeight < window.innerHeight || above < 0 ? below : above) + 'px';
+});
+document.addEventListener('mouseout', function (event) {
+  const tok = event.target.closest && event.target.closest('#ls-chat-log .ls-tok[data-i]');
+  if (tok && tok === hovered && !tok.contains(event.relatedTarget)) { hovered = null; tip.classList.remove('ls-tip-on'); }
+});
+
+function applyOp(bubble, op) {
+  bubble.querySelectorAll(':scope > .ls-muted').forEach(function (e) { e.remove(); });  // "thinking…"
+  const blocks = bubble.querySelectorAll(':scope > [data-b]');
+  let drop = op.block;
+  if (op.keep !== null) {
+    const block = blocks[op.block];
+    if (!block) return false;
+    const box = block.querySelector('code') || block;
+    for (let span = box.lastElementChild; span && +span.dataset.i >= op.keep; span = box.lastElementChild) span.remove();
+    box.insertAdjacentHTML('beforeend', op.spans);
+    drop = op.block + 1;
+  }
+  for (let n = blocks.length - 1; n >= drop; n--) blocks[n].remove();
+  const fresh = document.createElement('template');
+  fresh.innerHTML = op.blocks;
+  bubble.insertBefore(fresh.content, bubble.querySelector(':scope > .ls-cursor'));
+  return true;
+}
+
+let following = null;  // the reply whose tokens the page is asking for
+async function follow(reply, turn) {
+  following = reply;
+  let seq = 0;
+  while (following === reply) {
+    const asked = performance.now();
+    let answer;
+    try { answer = JSON.parse(await ask('poll', reply + ':' + seq)); } catch (e) { return; }
+    const bubble = document.querySelector('#ls-chat-log [data-reply="' + reply + '"] .ls-bubble');
+    if (!bubble || !bubble.querySelector(':scope > .ls-cursor')) return;  // gone, or already rendered whole
+    for (const op of answer.ops) {
+      if (op.seq !== seq + 1 || !applyOp(bubble, op)) return;  // the final render shows it whole
+      seq = op.seq;
+    }
+    if (answer.done) return;
+    const wait = STREAM_INTERVAL_MS - (performance.now() - asked);
+    if (wait > 0) await new Promise(function (resolve) { setTimeout(resolve, wait); });
+  }
+}
+watch('value', function () {
+  let started = null;
+  try { started = JSON.parse(props.value || 'null'); } catch (e) { return; }
+  if (started && started.reply && started.reply !== following) follow(started.reply, started.turn);
+});
+"""
+
+# Run before Gradio's own scripts (ui/app.py: serve_early_script puts it first in the page's head).
+# Gradio 6's status tracker keeps a timer running on every animation frame while its component is
+# pending, and on this page one is pending even when nothing runs: the page drew 60 frames a second,
+# idle or streaming, and on shared cores the model paid for it (docs/performance.md, "The chat UI at
+# the engine's speed"). Its timer shows only where progress is shown, which is nowhere here: it ticks
+# every 5 s instead (each tick also starts a short tween). Every other animation frame is left alone.
+EARLY_JS = """
+(function () {
+  const frame = window.requestAnimationFrame.bind(window);
+  window.requestAnimationFrame = function (callback) {
+    if ((new Error().stack || '').indexOf('statustracker') < 0) return frame(callback);
+    return setTimeout(function () { callback(performance.now()); }, 5000);
+  };
+})();
 """
 
 # Clicking a token in the chat writes "turn:index:nonce" into a hidden textbox; its change
@@ -129,7 +238,7 @@ document.addEventListener('click', function (event) {
   box.value = turn.dataset.turn + ':' + tok.dataset.i + ':' + Date.now();
   box.dispatchEvent(new Event('input', { bubbles: true }));
 });
-// The chat log is re-rendered on every streamed update: keep it at the newest message unless
+// The chat log grows with every streamed update: keep it at the newest message unless
 // the reader scrolled up to read an older one (then keep their place).
 (function () {
   let follow = true, lastTop = 0;
@@ -139,6 +248,7 @@ document.addEventListener('click', function (event) {
     follow = log.scrollTop + log.clientHeight >= log.scrollHeight - 40;
     lastTop = log.scrollTop;
   }, true);
+  // once per batch of changes (a streamed update is one), before the page is drawn: a layout a batch
   new MutationObserver(function () {
     const log = document.getElementById('ls-chat-log');
     if (!log) return;

@@ -72,6 +72,7 @@ class SpeculativeConfig(_Section):
     adaptive: bool = setting(True, "choose K each step from measured acceptance and costs")
     min_draft_tokens: int = setting(0, "smallest K adaptive drafting may choose; 0 lets it stop drafting where drafting does not pay", 0, MAX_DRAFT_TOKENS)
     lookup: bool = setting(True, "also copy drafts from the context (prompt lookup) where it predicts the reply; adaptive drafting picks lookup, the draft model or nothing each step")
+    remember: bool = setting(True, "keep what adaptive drafting learns (costs, acceptance) per pair, build and machine in the user's cache, so a new process starts where the last one ended")
 
 
 @dataclass(frozen=True)

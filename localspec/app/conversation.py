@@ -7,7 +7,7 @@ which old turns are left out when the conversation outgrows the context,
 what a reply records, and how its numbers are worded.
 
 Turns hold bare text only: colours and markers are display, never prompt
-(DESIGN §8). Each turn's prompt renders the whole kept history; the loop's
+(docs/design.md, Visual language). Each turn's prompt renders the whole kept history; the loop's
 cache sync then evaluates only what is new since the previous turn.
 """
 

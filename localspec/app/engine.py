@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
+from localspec.app import learned
 from localspec.app.catalog import resolve_pair
 from localspec.app.config import Config
 from localspec.app.invariance import (
@@ -32,6 +33,7 @@ from localspec.core.drafters import Drafter, HybridDrafter, ModelDrafter, NgramD
 from localspec.core.errors import ConfigError, ModelError
 from localspec.core.events import GenerationResult, StepEvent, TokenEvent
 from localspec.core.loop import GenerationOptions, SpeculativeDecoder
+from localspec.core.perf import target_alone_seconds
 
 Progress = Callable[[str, float], None]
 
@@ -55,12 +57,14 @@ class Engine:
         self.target_path = config.resolve_path(config.model.target)
         self.target = load_model(self.target_path, self.settings, "target", _stage(progress, "target"))
         self.draft_model = None
+        self.draft_path = None
         try:
             self.drafter = self._make_drafter(config, progress)
         except Exception:
             self.target.close()
             raise
         self.decoder = SpeculativeDecoder(self.target, self.target, self.drafter)
+        self._learned_key = self._remembered()
         template = self.target.chat_template()
         self.template = (
             ChatTemplate(
@@ -82,7 +86,7 @@ class Engine:
             return None
         if spec.lower() == "ngram":
             return NgramDrafter(self.target)
-        path = config.resolve_path(spec)
+        path = self.draft_path = config.resolve_path(spec)
         self.draft_model = load_model(path, self.settings, "draft", _stage(progress, "draft"))
         try:
             from localspec.llama.pair import check_pair
@@ -183,6 +187,22 @@ class Engine:
         decoder = self.decoder if drafter is None else self._decoder_with(drafter)
         with self.lock:
             yield from decoder.stream(prompt, params, options, cancel)
+            if decoder is self.decoder and self._learned_key is not None:
+                learned.save(self._learned_key, decoder.learned(), f"{self.pair_name}, {build_id()}")
+
+    def _remembered(self) -> str | None:
+        """Resume what adaptive drafting learnt with this pair, settings, build and machine in an earlier
+        process (see :mod:`localspec.app.learned`); the key to save under, or None where nothing is kept."""
+        if not self.config.speculative.remember or self.drafter is None:
+            return None
+        settings, _ = self._invariance_key()
+        draft_buffers = list(self.draft_model.weight_buffers) if self.draft_model is not None else None
+        try:
+            key = learned.identity(self.target_path, self.draft_path, settings | {"draft_buffers": draft_buffers})
+        except OSError:
+            return None
+        self.decoder.resume(learned.load(key))
+        return key
 
     def _decoder_with(self, drafter: str) -> SpeculativeDecoder:
         if drafter != "ngram":
@@ -192,7 +212,7 @@ class Engine:
         return self._ngram_decoder
 
     def target_token_seconds(self, samples: int = 6, measure: bool = True) -> float | None:
-        """Seconds the target takes for one token on its own: the target-only cost of DESIGN §7.
+        """Seconds the target takes for one token on its own: the target-only cost of the performance model.
 
         Measured once (the fastest of ``samples`` single-token decodes appended
         after whatever is cached, then rolled back), so speedups can be
@@ -222,6 +242,21 @@ class Engine:
                     self.target.truncate(keep)
             self._target_token_s = min(times)
         return self._target_token_s
+
+    def target_seconds_during(self, steps) -> float | None:
+        """The target-only cost per token while ``steps`` ran (:func:`localspec.core.perf.target_alone_seconds`,
+        shaped by the costs timed before the first adaptive step), else the best timing made so far. A
+        reply's speedup is measured against this: the target under the same conditions."""
+        best = self.best_target_seconds()
+        costs = self.decoder.costs
+        shape = dict(costs.verify_s) if costs is not None and costs.verify_s.get(1) else {1: best} if best else {}
+        return target_alone_seconds(steps, shape) or best
+
+    def best_target_seconds(self) -> float | None:
+        """The fastest the target has been timed for one token here (never measures)."""
+        costs = self.decoder.costs
+        timings = [self._target_token_s, costs.verify_s.get(1) if costs is not None else None]
+        return min((t for t in timings if t), default=None)
 
     # ------------------------------------------------------------------
     def _invariance_key(self) -> tuple[dict, str]:
@@ -298,6 +333,7 @@ class Engine:
             old, self.target, self.settings = self.target, target, settings
             self.decoder = SpeculativeDecoder(self.target, self.target, self.drafter)
             self._target_token_s = None
+            self._learned_key = self._remembered()
         old.close()
 
 

@@ -1,4 +1,5 @@
-"""Measure, never assume, batch invariance (DESIGN §5) — and report the build it was measured on.
+"""Measure, never assume, batch invariance (docs/design.md, Batch invariance) — and report the build it was
+measured on.
 
 Greedy speculative output equals target-only output only if the target's
 logits for a position are bit-identical whether computed one token at a time

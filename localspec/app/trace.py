@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -39,6 +40,7 @@ class Trace:
     error: str = ""
     notice: str = ""  # e.g. the target was reloaded so greedy output equals target-only
     source: str = "live"  # live / loaded / replay
+    id: str = field(default_factory=lambda: uuid.uuid4().hex, compare=False)  # names it to the UI (not saved)
 
     # --- recording --------------------------------------------------------
     def add(self, event: Event | dict[str, Any]) -> None:

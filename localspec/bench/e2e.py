@@ -12,7 +12,7 @@ Why it is built this way:
 * **Decode only.** Prompt evaluation is identical for every variant (and
   cached across runs), so rates count generated tokens over the loop's
   draft + verify + other seconds.
-* **The model of DESIGN §7 next to the measurement.** For every run the
+* **The performance model (docs/design.md) next to the measurement.** For every run the
   predicted speedup is ``sum_steps E[tokens](alpha, k_step) * t_target /
   decode seconds`` from that run's own acceptance and costs; measured /
   predicted near 1 says the time went where the model says it goes.
@@ -156,7 +156,7 @@ class Measurement:
     stats: GenerationStats
     stop_reason: str = ""
     mean_k: float = 0.0
-    expected_tokens: float = 0.0  # sum over steps of E[tokens](alpha, k_step), DESIGN §7
+    expected_tokens: float = 0.0  # sum over steps of E[tokens](alpha, k_step), docs/design.md, Performance model
     speedup: float | None = None
     predicted_speedup: float | None = None
     ceiling_speedup: float | None = None  # the same steps and costs with every draft accepted (acceptance 1)
@@ -515,7 +515,7 @@ def write_plot(report: dict[str, Any], path: str | Path) -> Path:
     ax1.bar(labels, med, yerr=[lo, hi], color=colors, capsize=4)
     pred = [(r["predicted_speedup"] or {}).get("median") for r in rows]
     xs = [i for i, p in enumerate(pred) if p]
-    ax1.scatter(xs, [pred[i] for i in xs], marker="_", s=400, color="#1565c0", zorder=3, label="predicted (DESIGN §7)")
+    ax1.scatter(xs, [pred[i] for i in xs], marker="_", s=400, color="#1565c0", zorder=3, label="predicted (cost model)")
     ax1.axhline(1.0, color="black", linewidth=0.8)
     ax1.set_ylabel("speedup over target-only (median, min–max)")
     ax1.set_title("tokens/s relative to the target alone")

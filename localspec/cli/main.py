@@ -34,6 +34,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "speculative.mode": ("--mode",),
     "speculative.draft_tokens": ("--draft-tokens", "-k"),
     "speculative.adaptive": ("--adaptive/--fixed-k",),
+    "speculative.remember": ("--remember/--no-remember",),
     "model.pair": ("--pair",),
     "model.target": ("--target",),
     "model.draft": ("--draft",),
@@ -207,7 +208,7 @@ def generate(state: AppState, prompt: str, stop: tuple[str, ...], trace_path: st
         if reason == "context_full":
             err(f"note: the context ({engine.target.context_size} tokens) is full; the reply ends here — raise --ctx for more")
         if state.verbose or reason in ("cancelled", "context_full"):
-            err(stats_line(trace.stats(), reason, engine.target_token_seconds(measure=False)))
+            err(stats_line(trace.stats(), reason, engine.target_seconds_during(trace.steps)))
     finally:
         engine.close()
 

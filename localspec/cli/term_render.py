@@ -1,6 +1,6 @@
 """How a token's fate looks in a terminal: ANSI colours, text markers, or nothing.
 
-DESIGN §8 says colour is never the only cue. With colour on, accepted tokens
+docs/design.md (Visual language) says colour is never the only cue. With colour on, accepted tokens
 are green, corrected red, bonus blue and target-only tokens plain; with colour
 off (``--no-color``, ``NO_COLOR``) the fate can still be shown with markers
 (``[corrected]``, ``{bonus}``), and output that is not a terminal gets the bare
@@ -19,7 +19,7 @@ DIM = "\x1b[2m"
 BOLD = "\x1b[1m"
 RED = "\x1b[31m"
 
-# accepted green, corrected red, bonus blue, target plain (DESIGN §8)
+# accepted green, corrected red, bonus blue, target plain (docs/design.md, Visual language)
 COLOURS: dict[TokenStatus, str] = {
     TokenStatus.ACCEPTED: "\x1b[32m",
     TokenStatus.CORRECTED: "\x1b[31m",

@@ -4,7 +4,7 @@ Each turn renders the whole conversation with the model's chat template; the
 generation loop's cache sync then evaluates only the tokens that are new since
 the previous turn, so a long chat costs no more per turn than its new text.
 The conversation keeps bare text only: colours and markers are display, never
-prompt (DESIGN §8). Ctrl-C during a reply stops it after the current step and
+prompt (docs/design.md, Visual language). Ctrl-C during a reply stops it after the current step and
 keeps what was written; Ctrl-C or Ctrl-D at the prompt leaves.
 """
 
@@ -258,7 +258,7 @@ class ChatSession:
         elif trace.result is not None:
             if trace.result["stop_reason"] == "cancelled":
                 self.note("(stopped: the partial reply is kept in the conversation)")
-            t_target = self.engine.target_token_seconds(measure=False)
+            t_target = self.engine.target_seconds_during(trace.steps)
             self.note(stats_line(trace.stats(), trace.result["stop_reason"], t_target))
 
     # -- statistics -------------------------------------------------------

@@ -1,6 +1,6 @@
 """Adaptive draft length: pick K each step to maximise expected tokens per second.
 
-DESIGN §7 gives the throughput of a step with ``k`` drafts::
+docs/design.md (Performance model) gives the throughput of a step with ``k`` drafts::
 
     E[tokens](alpha, k) / (k * t_draft + t_verify(k + 1) + t_other(k))
 
@@ -11,7 +11,7 @@ size (a least-squares line through the batch sizes seen so far: on a CPU a
 batch of 9 rows costs far less than 9 single rows, on a GPU almost nothing
 more than one), and the orchestration time per verified row. K is chosen
 before drafting, from information about earlier steps only, so it cannot
-bias the output: exactness does not depend on K (DESIGN §2).
+bias the output: exactness does not depend on K (docs/design.md, Verification rules).
 
 Every ``explore_every`` steps the controller tries a neighbour of its best K
 (and every fourth time the far end of the range), so the cost line stays
@@ -81,6 +81,18 @@ LOOKUP_PRIOR = {1: 0.2, 2: 0.2, 3: 0.25, 4: 0.25, 8: 0.4, 16: 0.8, 32: 0.95}
 def match_bucket(length: int) -> int:
     """The bin of a lookup match ``length`` tokens long (the largest bound not above it)."""
     return max((b for b in MATCH_BUCKETS if b <= length), default=MATCH_BUCKETS[0])
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What a controller has learnt, for a later process to start from: its costs (the medians of its
+    recent samples) and its acceptance counts (``accepted`` / ``examined`` model drafts, and lookup's
+    ``[agreed, compared]`` per match bin)."""
+
+    costs: Costs
+    accepted: float = 0.0
+    examined: float = 0.0
+    lookup: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -156,8 +168,28 @@ class AdaptiveK:
             self._draft.append(costs.draft_token_s)
         if costs.catch_up_token_s is not None:
             self._catch_up.append(costs.catch_up_token_s)
+        if costs.other_row_s is not None:
+            self._other.append(costs.other_row_s)
         self._dirty = True
         self._cache.clear()
+
+    def learned(self) -> Learned:
+        """Its costs and acceptance counts as they stand (see :meth:`resume`)."""
+        median = lambda samples: statistics.median(samples) if samples else None  # noqa: E731
+        verify = {rows: median([t for _, t in self._samples(rows)]) for rows in sorted(self._sizes())}
+        other = median(self._other)
+        costs = Costs({rows: t for rows, t in verify.items() if t}, median(self._draft), median(self._catch_up),
+                      max(0.0, other) if other is not None else None)  # fmt: skip
+        lookup = {bin_: (agreed, compared) for bin_, (agreed, compared) in self._lookup.items()}
+        return Learned(costs, self._accepted, self._examined, lookup)
+
+    def resume(self, learned: Learned) -> None:
+        """Start from what an earlier controller learnt: its costs count as one sample each (as
+        :meth:`seed`'s do), its acceptance counts as they were, so the first reply of a new process drafts
+        as the last reply of the old one ended instead of from the prior."""
+        self.seed(learned.costs)
+        self._accepted, self._examined = learned.accepted, learned.examined
+        self._lookup = {bin_: [agreed, compared] for bin_, (agreed, compared) in learned.lookup.items()}
 
     # ------------------------------------------------------------------
     @property

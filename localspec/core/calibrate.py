@@ -25,12 +25,14 @@ CATCH_UP_TOKENS = 32  # a catch-up timed on the draft: this many tokens beyond t
 
 @dataclass(frozen=True)
 class Costs:
-    """Seconds per verification batch of ``rows`` rows, per drafted token, and per token a draft reads
-    that it sat out (a catch-up; both None: no draft model)."""
+    """Seconds per verification batch of ``rows`` rows, per drafted token, per token a draft reads
+    that it sat out (a catch-up; both None: no draft model), and outside the models per verified row
+    (None: not measured; only steps measure it)."""
 
     verify_s: dict[int, float] = field(default_factory=dict)
     draft_token_s: float | None = None
     catch_up_token_s: float | None = None
+    other_row_s: float | None = None
 
 
 def measure_costs(target: LanguageModel, draft: LanguageModel | None = None, rows=VERIFY_ROWS) -> Costs:

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 
 class TokenStatus(str, Enum):
-    """The fate of an emitted token (DESIGN §1)."""
+    """The fate of an emitted token (docs/design.md, Visual language)."""
 
     ACCEPTED = "accepted"  # a draft token the target kept
     CORRECTED = "corrected"  # drawn by the target after rejecting a draft token
@@ -178,7 +178,7 @@ class GenerationStats:
 
     @property
     def alpha(self) -> float:
-        """Per-token acceptance probability estimate (accepted / examined), the alpha of DESIGN §7."""
+        """Per-token acceptance probability estimate (accepted / examined): the performance model's alpha."""
         return self.accepted / self.examined if self.examined else 0.0
 
     @property

@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from localspec.core.adaptive import AdaptiveK, Plan
+from localspec.core.adaptive import AdaptiveK, Learned, Plan
 from localspec.core.calibrate import Costs, measure_costs, token_seconds
 from localspec.core.drafters import LOOKUP, MODEL, Drafter, Match
 from localspec.core.edits import Edit, ReplyEdits
@@ -193,6 +193,7 @@ class SpeculativeDecoder:
         self.controller: AdaptiveK | None = None  # the adaptive-K controller of the latest request
         self._controllers: dict[tuple, AdaptiveK] = {}
         self.costs: Costs | None = None  # measured before the first adaptive step, for every controller
+        self._learned: dict[tuple, Learned] = {}  # what an earlier process's controllers learnt (see resume)
 
     def _controller(self, options: GenerationOptions, params: SamplingParams) -> AdaptiveK:
         """The adaptive-K controller for these settings, kept across requests (chat turns) so a new
@@ -201,10 +202,27 @@ class SpeculativeDecoder:
         controller = self._controllers.get(key)
         if controller is None:
             controller = self._controllers[key] = AdaptiveK(options.min_draft_tokens, options.draft_tokens)
+            if key in self._learned:
+                controller.resume(self._learned[key])
+                return controller
             if self.costs is None:
                 self.costs = measure_costs(self.target, self.drafter.model if self.drafter is not None else None)
             controller.seed(self.costs)
         return controller
+
+    def learned(self) -> dict[tuple, Learned]:
+        """What the adaptive controllers have learnt, by their settings, the latest request's last."""
+        out = {key: learned for key, learned in self._learned.items() if key not in self._controllers}
+        live = sorted(self._controllers.items(), key=lambda item: item[1] is self.controller)
+        return out | {key: controller.learned() for key, controller in live}
+
+    def resume(self, learned: dict[tuple, Learned]) -> None:
+        """Start from what an earlier process learnt (:meth:`learned`): a controller for settings seen
+        before resumes where it ended, one for new settings starts from the latest costs, so no reply
+        pays for timing the models again."""
+        self._learned = dict(learned)
+        if learned:
+            self.costs = list(learned.values())[-1].costs
 
     # ------------------------------------------------------------------
     def run(

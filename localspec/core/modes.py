@@ -3,7 +3,7 @@
 A mode pairs a *draft pick* (what a model drafter does with its logits) with a
 *verification rule* from :mod:`localspec.core.verify`, so the two can never drift
 apart: rejection mode samples the draft from exactly the ``q`` its rule
-divides by (DESIGN §2, bugs 1 and 2); invariant mode uses the shared Gumbel
+divides by (docs/design.md, Verification rules, bugs 1 and 2); invariant mode uses the shared Gumbel
 noise on both sides and nothing else.
 """
 

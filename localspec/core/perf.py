@@ -1,4 +1,4 @@
-"""The performance model of DESIGN §7, shared by the UI, adaptive K and the benchmark.
+"""The performance model (docs/design.md, "performance model"), shared by the UI, adaptive K and the benchmark.
 
 A speculative step drafts ``k`` tokens (``k * t_draft`` seconds), verifies
 ``k + 1`` rows in one target batch (``t_verify(k + 1)``) and spends some time
@@ -10,6 +10,8 @@ predict is the same prediction.
 """
 
 from __future__ import annotations
+
+import statistics
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -41,7 +43,7 @@ def expected_tokens(stats) -> float:
 
 
 def predicted_speedup(stats, t_target: float) -> float | None:
-    """DESIGN §7 for a finished reply: ``sum_steps E[tokens](alpha, k_step) * t_target / decode seconds``.
+    """The performance model for a finished reply: ``sum_steps E[tokens](alpha, k_step) * t_target / decode seconds``.
 
     The decode seconds are the reply's own ``sum_steps (k t_draft + t_verify(k + 1) + t_other)``,
     and each step counts with its own ``k``, so this holds for adaptive K too. The UI
@@ -74,6 +76,46 @@ def best_draft_length(alpha: float, t_draft: float, t_verify: dict[int, float], 
 MIN_TOKENS_TO_JUDGE = 32  # below this a reply's speed is mostly start-up and adaptive K's prior
 FASTER_FROM = 1.05  # a measured speedup from here on is "faster" ...
 SLOWER_BELOW = 0.95  # ... and below this "slowing things down"; in between, break-even
+LOADED_FROM = 1.25  # the target running this much slower than its best timing is "slowed down by something else"
+MIN_STEPS_TO_TIME = 3  # steps needed to time the target under a reply's own conditions
+
+
+def rows_seconds(shape: dict[int, float], rows: int) -> float | None:
+    """The cost of a ``rows``-row target batch read off measured costs per batch size: a measured size's
+    own, else the straight line between the measured sizes around it, else (beyond the largest) the
+    largest's cost per row times ``rows``."""
+    if rows in shape:
+        return shape[rows]
+    below = max((n for n in shape if n < rows), default=None)
+    above = min((n for n in shape if n > rows), default=None)
+    if below is None:
+        return None
+    if above is None:
+        return shape[below] * rows / below
+    return shape[below] + (shape[above] - shape[below]) * (rows - below) / (above - below)
+
+
+def target_alone_seconds(steps, shape: dict[int, float]) -> float | None:
+    """What one target-only token cost while ``steps`` ran: each step's verification time scaled to
+    one row by the shape of ``shape`` (seconds per batch size, timed before; ``shape[1]`` needed), the
+    median over the steps. None with fewer than ``MIN_STEPS_TO_TIME`` usable steps.
+
+    A speedup is only honest against the target under the same conditions: a browser drawing the
+    page, another program or heat slows every mode alike, and a target-only cost timed in a quiet
+    moment would blame all of that on the draft. ``shape`` contributes only the ratio between batch
+    sizes; the level comes from the steps themselves."""
+    if not shape or shape.get(1, 0.0) <= 0:
+        return None
+    per_row = []
+    for step in steps:
+        get = step.get if isinstance(step, dict) else lambda name, default=None: getattr(step, name, default)
+        rows = len(get("drafted", []) or []) + 1
+        cost = rows_seconds(shape, rows)
+        if cost and get("verify_s", 0.0) > 0:
+            per_row.append(get("verify_s") * shape[1] / cost)
+    if len(per_row) < MIN_STEPS_TO_TIME:
+        return None
+    return statistics.median(per_row)
 
 
 def too_short_to_judge(tokens: int | None) -> bool:
@@ -87,13 +129,20 @@ def slows_down(measured: float, tokens: int | None = None) -> bool:
 
 
 def speedup_verdict(
-    measured: float, predicted: float | None = None, acceptance: float | None = None, tokens: int | None = None
+    measured: float,
+    predicted: float | None = None,
+    acceptance: float | None = None,
+    tokens: int | None = None,
+    load: float | None = None,
 ) -> str:
     """A plain-language line about whether the draft is paying for itself, and why not when it is not.
 
-    ``tokens`` is the reply's length when the verdict is about one reply (the UI): a handful of
-    tokens right after loading is timed with cold caches and before adaptive K has measured
-    anything, so a slow figure there is not blamed on the draft."""
+    ``measured`` compares with the target alone under the same conditions. ``load`` is how much
+    slower the target itself ran than its best timing: from ``LOADED_FROM`` on, the line names that as
+    the cause of the slowness, since the draft cannot help it. ``tokens`` is the reply's length when
+    the verdict is about one reply (the UI): a handful of tokens right after loading is timed with
+    cold caches and before adaptive K has measured anything, so a slow figure there is not blamed on
+    the draft."""
     if too_short_to_judge(tokens) and measured < FASTER_FROM:
         return (
             f"{measured:.2f}x over {tokens} tokens is too short to judge the draft: short replies are "
@@ -115,5 +164,10 @@ def speedup_verdict(
             "try fewer draft tokens (K), a closer draft model, or --draft none"
         )
     if predicted:
-        text += f"; the model of DESIGN §7 predicts {predicted:.2f}x"
+        text += f"; the cost model predicts {predicted:.2f}x"
+    if load is not None and load >= LOADED_FROM:
+        text += (
+            f". The target itself ran {load:.1f}x slower than its best timing: something else is using the "
+            "processor (another program, the browser drawing this page, heat), and that slows every mode alike"
+        )
     return text

@@ -2,7 +2,7 @@
 
 Speculative sampling is exact only when the draft token was drawn from the very
 ``q`` the acceptance rule divides by, and when ``p`` and ``q`` come from the
-same transform (DESIGN §2, bugs 1 and 6). So there is exactly one transform,
+same transform (docs/design.md, Verification rules, bugs 1 and 6). So there is exactly one transform,
 :func:`log_weights`, used for the draft and the target alike, always on the
 full vocabulary indexed by token id and always in float64.
 
@@ -331,9 +331,9 @@ class Weights:
 
     @classmethod
     def residual(cls, p: "Weights", q: "Weights") -> "Weights":
-        """``max(0, p / p.total - q / q.total)``, unnormalised (DESIGN §2's residual): with both rows in
-        slices, slice by slice like :meth:`of_logits`, so a rejection writes no full row either (the
-        dense rows, their difference and its cumulative sums were seven passes over 1.2 MB each at
+        """``max(0, p / p.total - q / q.total)``, unnormalised (the residual of docs/design.md, Verification
+        rules): with both rows in slices, slice by slice like :meth:`of_logits`, so a rejection writes no
+        full row either (the dense rows, their difference and its cumulative sums were seven passes over 1.2 MB each at
         V = 151,936). Every element is the same operations on the same numbers as on the dense rows."""
         self = cls.__new__(cls)
         self._w, self._dense, self._raw, self._parts = None, None, None, (p, q)
@@ -474,8 +474,8 @@ def draft_weights(
     without the tokens below ``floor`` x its top token's weight, renormalised.
 
     Rejection sampling is exact for any proposal, provided the token is drawn from the very ``q`` the
-    rule divides by and the residual subtracts (DESIGN §2), and this one is: a :class:`HeadWeights` that
-    draws, and answers ``q(d)``, from the same few weights. What it saves is the draft's full-vocabulary
+    rule divides by and the residual subtracts (docs/design.md, Verification rules), and this one is: a
+    :class:`HeadWeights` that draws, and answers ``q(d)``, from the same few weights. What it saves is the draft's full-vocabulary
     pass: normalising ``q`` over 151,936 tokens in float64 and drawing from it cost ~0.4 ms a drafted
     token in the real pair's loop, about a sixth of a step's orchestration; the kept head costs one
     comparison over the row. What the cut tokens would have won, the renormalised head wins back:

@@ -1,4 +1,4 @@
-"""Accept or correct drafted tokens: every rule of DESIGN §2 as a pure function.
+"""Accept or correct drafted tokens: every rule of docs/design.md (Verification rules) as a pure function.
 
 Each function receives the drafted tokens, the target's rows (``K + 1`` of
 them: one per drafted position plus the bonus position) and, where the rule

@@ -10,7 +10,7 @@ implements the loop's :class:`~localspec.core.model.LanguageModel` and
   every prompt token.
 * ``truncate`` removes positions with ``llama_memory_seq_rm`` and checks its
   result: recurrent and hybrid memories cannot drop a suffix, and a silent
-  failure there would leave rejected tokens in the cache (DESIGN §2, bug 4).
+  failure there would leave rejected tokens in the cache (docs/design.md, Verification rules, bug 4).
 * Model loads and decodes of every model run on one thread
   (:class:`localspec.llama.runtime.ComputeThread`), whichever thread asks for them.
 """

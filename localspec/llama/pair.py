@@ -18,7 +18,7 @@ def first_token_mismatch(target: LlamaModel, draft: LlamaModel) -> tuple[int, st
 
 
 def check_pair(target: LlamaModel, draft: LlamaModel) -> None:
-    """Refuse a draft whose tokens do not mean the same as the target's (DESIGN §4).
+    """Refuse a draft whose tokens do not mean the same as the target's (docs/design.md, llama.cpp integration).
 
     Checks every token text both vocabularies have, the vocabulary type, the
     size difference and the BOS/EOS/EOT ids. The message names the first

@@ -114,7 +114,7 @@ def weight_placement(role: str, path: Path | str, offload: Offload = CPU_ONLY) -
     without it, its Q4_0/Q4_K matrices still repacked (the kernels non-AMX
     builds use). The target needs the streamed-rows patch's kernels
     (``STREAMED_TYPES``), the draft any AMX kernels. The measurements behind
-    each choice are in the README (*CPU builds with AMX*).
+    each choice are in docs/performance.md (*CPU builds with AMX*).
 
     ``LOCALSPEC_EXTRA_BUFFERS=1`` says AMX tiles work here (normal batches,
     extra buffers for both); ``=0`` turns extra buffers off for both.
