@@ -370,8 +370,8 @@ def test_a_short_reply_is_not_called_slow_but_a_long_slow_one_is() -> None:
     from types import SimpleNamespace
 
     from localspec.core.events import GenerationStats
-    from ui.render import stats_html
-    from ui.session import speed_of
+    from localspec.ui.render import stats_html
+    from localspec.ui.session import speed_of
 
     def reply(tokens: int) -> SimpleNamespace:
         # 0.2 s per token against a 0.042 s target: 0.21x, with 90% acceptance
@@ -398,8 +398,8 @@ def test_the_speedup_compares_with_the_target_under_the_same_load() -> None:
 
     from localspec.core.events import GenerationStats
     from localspec.core.perf import target_alone_seconds
-    from ui.render import stats_html
-    from ui.session import speed_of
+    from localspec.ui.render import stats_html
+    from localspec.ui.session import speed_of
 
     quiet = {1: 0.040, 2: 0.044, 4: 0.050, 8: 0.064}  # seconds per batch, timed in a quiet moment
     load = 1.6  # the browser takes cores: every batch costs 1.6x

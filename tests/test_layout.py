@@ -1,6 +1,6 @@
 """The import rule, read from the code: front ends -> app -> core/llama; llama -> core; no circles.
 
-Every ``import`` and ``from … import`` of a localspec or ui module (top level
+Every ``import`` and ``from … import`` of a localspec module (top level
 or inside a function) is an arrow. The layers may only point where the rule
 allows, only ``localspec/llama/`` may import llama_cpp, and the module graph
 has no cycles.
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 from .conftest import ROOT
 
@@ -21,13 +23,12 @@ ALLOWED = {  # layer -> layers it may import
     "bench": {"bench", "app", "core"},
     "serve": {"serve", "app", "core"},
     "ui": {"ui", "app", "core"},
+    "library": {"library", "app", "core"},
 }
 
 
 def layer(module: str) -> str | None:
     parts = module.split(".")
-    if parts[0] == "ui":
-        return "ui"
     if parts[0] == "localspec" and len(parts) > 1 and parts[1] in ALLOWED:
         return parts[1]
     return None
@@ -55,7 +56,7 @@ def imports_of(path: Path) -> set[str]:
 
 
 def graph() -> dict[str, set[str]]:
-    files = [p for folder in ("localspec", "ui") for p in (ROOT / folder).rglob("*.py")]
+    files = [p for p in (ROOT / "localspec").rglob("*.py")]
     modules = {module_name(p): p for p in files}
     return {name: {m for m in imports_of(path) if m in modules and m != name} for name, path in modules.items()}
 
@@ -102,7 +103,7 @@ def test_no_import_circles() -> None:
 
 
 def test_only_the_llama_layer_imports_llama_cpp() -> None:
-    for path in [p for folder in ("localspec", "ui") for p in (ROOT / folder).rglob("*.py")]:
+    for path in [p for p in (ROOT / "localspec").rglob("*.py")]:
         if any(m == "llama_cpp" or m.startswith("llama_cpp.") for m in imports_of(path)):
             assert layer(module_name(path)) == "llama", path
 
@@ -111,9 +112,20 @@ def test_the_checks_catch_what_they_look_for() -> None:
     """Negative controls: an upward arrow, a front end importing another, and a circle are all reported."""
     bad = {
         "localspec.core.loop": {"localspec.app.engine"},
-        "ui.app": {"localspec.cli.main"},
+        "localspec.ui.app": {"localspec.cli.main"},
         "localspec.app.engine": {"localspec.app.invariance"},
         "localspec.app.invariance": {"localspec.app.engine"},
     }
     assert len(violations(bad)) == 2
     assert cycles(bad) and set(cycles(bad)[0]) == {"localspec.app.engine", "localspec.app.invariance"}
+
+
+@pytest.mark.models
+def test_the_python_api_example_runs(demo_paths) -> None:
+    """The package docstring's example is real: it runs on the demo pair and its outputs are checked."""
+    import doctest
+
+    import localspec
+
+    failures, tried = doctest.testmod(localspec, verbose=False, raise_on_error=False)
+    assert tried == 4 and failures == 0

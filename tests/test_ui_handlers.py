@@ -20,9 +20,9 @@ from localspec.app.conversation import Conversation
 from localspec.app.invariance import InvarianceReport
 from localspec.app.trace import Trace
 from tests.conftest import GEMMA, TEST_THREADS, require, run_cli
-from ui.app import ChatApp, ChatState
-from ui.debug_view import STEP_COLUMNS
-from ui.session import Session, Settings
+from localspec.ui.app import ChatApp, ChatState
+from localspec.ui.debug_view import STEP_COLUMNS
+from localspec.ui.session import Session, Settings
 
 pytestmark = pytest.mark.models
 
@@ -372,7 +372,7 @@ def test_a_long_conversation_leaves_old_turns_out_instead_of_failing(demo_paths)
 
 def test_started_from_another_folder_paths_resolve_the_same(app, conversation, tmp_path, monkeypatch):
     """`cd $HOME && localspec ui`: the pair pickers offer paths that load, and saved traces are servable."""
-    from ui.app import allowed_paths, model_choices
+    from localspec.ui.app import allowed_paths, model_choices
 
     monkeypatch.chdir(tmp_path)
     config = app.session.config
@@ -389,8 +389,8 @@ def test_started_from_another_folder_paths_resolve_the_same(app, conversation, t
 def test_the_verdict_quotes_the_panels_acceptance():
     """One number, one definition: the panel's acceptance (accepted / drafted) is the one the verdict quotes."""
     from localspec.core.events import GenerationStats
-    from ui.render import stats_html
-    from ui.session import speed_of
+    from localspec.ui.render import stats_html
+    from localspec.ui.session import speed_of
 
     # 97 of 100 drafts accepted, but the rule examined 110 (the rejected ones): alpha would say 88%
     stats = GenerationStats(n_tokens=300, steps=100, drafted=100, accepted=97, examined=110, draft_s=4.0, verify_s=6.0)
@@ -402,7 +402,7 @@ def test_the_verdict_quotes_the_panels_acceptance():
 def test_the_top_table_says_when_q_is_the_drafts_head() -> None:
     """A model draft draws from its head (sampling.draft_weights), often fewer tokens than the top-10 of p:
     the q column says so rather than looking cut short; a full q list keeps the plain title."""
-    from ui.debug_view import top_table_html
+    from localspec.ui.debug_view import top_table_html
 
     def run(n_q: int) -> Trace:
         entry = lambda t: {"token": t, "text": f"t{t}", "prob": 0.1}  # noqa: E731

@@ -1,5 +1,5 @@
 """The chat's streaming protocol, checked without a browser: applying the operations a streaming reply is
-turned into, as the page does (ui/theme.py: STREAM_JS), leaves the bubble exactly as the full render of the
+turned into, as the page does (localspec/ui/theme.py: STREAM_JS), leaves the bubble exactly as the full render of the
 finished reply, however often the page asks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import random
 import re
 
-from ui.render import LiveReply, render_tokens
+from localspec.ui.render import LiveReply, render_tokens
 
 SPAN = re.compile(r'<span class="ls-tok[^"]*" data-status="\w+" data-i="(\d+)">.*?</span>', re.DOTALL)
 BLOCK = re.compile(r'(<div class="ls-code-label"[^>]*>.*?</div>)|<pre class="ls-code"[^>]*><code>(.*?)</code></pre>|'
