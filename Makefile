@@ -25,14 +25,16 @@ LLAMA_CPP   := 0.3.36
 CUDA_FLAG   := $(if $(and $(shell command -v nvcc 2>/dev/null),$(shell nvidia-smi -L 2>/dev/null)),-DGGML_CUDA=on,)
 CMAKE_FLAGS ?= -DGGML_LLAMAFILE=OFF $(CUDA_FLAG)
 WHEEL_CACHE ?= $(HOME)/.cache/localspec/wheels
-PATCHES     := $(sort $(wildcard patches/llama-cpp-python-$(LLAMA_CPP)-*.patch))
-PATCH_HASH  := $(shell cat /dev/null $(PATCHES) | $(PYTHON) -c "import hashlib,sys;print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest()[:12])")
+# patches/series lists the patches in the order they apply; the build key hashes their diffs (a file's
+# header, the prose above its first "--- " line, is documentation and does not change the build)
+PATCHES     := $(addprefix patches/,$(shell grep -v '^\#' patches/series))
+PATCH_HASH  := $(shell $(PYTHON) -c "import hashlib,sys;h=hashlib.sha256();[h.update(d[0 if d.startswith(b'--- ') else d.find(b'\n--- ')+1:]) for d in (open(p,'rb').read() for p in sys.argv[1:])];print(h.hexdigest()[:12])" $(PATCHES))
 WHEEL_KEY   := $(shell $(PYTHON) -c "import hashlib,platform,sys;print(hashlib.sha256(('$(LLAMA_CPP)|$(strip $(CMAKE_FLAGS))|$(PATCH_HASH)|'+platform.machine()+'|'+platform.system()+'|'+sys.version.split()[0]).encode()).hexdigest()[:12])")
 WHEEL_DIR   := $(WHEEL_CACHE)/llama-cpp-python-$(LLAMA_CPP)-$(WHEEL_KEY)
 STAMP       := $(VENV)/.localspec-$(WHEEL_KEY)
 PIP         := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: run install install-dev models test test-fast bench bench-llama-cpp llama-cpp-tools doctor gpu-pack clean
+.PHONY: run install install-dev models test test-fast patches-check bench bench-llama-cpp llama-cpp-tools doctor gpu-pack clean
 
 run: install
 	$(BIN)/localspec ui
@@ -66,11 +68,23 @@ $(VENV)/.dev-installed: $(STAMP)
 models: install
 	$(BIN)/localspec models prepare --with-test-models
 
-test: install-dev models
+test: install-dev models patches-check
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --timeout 900
 
 test-fast: install-dev
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not models and not browser"
+
+# the series still applies to a clean sdist, each patch exactly where it was made (no fuzz); the sdist is
+# downloaded once into the cache
+SDIST := $(HOME)/.cache/localspec/sdist/llama_cpp_python-$(LLAMA_CPP).tar.gz
+$(SDIST):
+	@mkdir -p $(dir $@) && $(PYTHON) -m pip download -q --no-deps --no-binary :all: --no-cache-dir -d $(dir $@) "llama-cpp-python==$(LLAMA_CPP)"
+
+patches-check: $(SDIST)
+	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && tar -xzf $(SDIST) -C $$tmp --strip-components=1 && \
+	  for p in $(PATCHES); do patch -s -p1 -N --fuzz=0 --no-backup-if-mismatch -d $$tmp < $$p >/dev/null || \
+	    { echo "$$p no longer applies to llama-cpp-python $(LLAMA_CPP) after the patches above it in patches/series"; exit 1; }; done && \
+	  echo "patches/series: $(words $(PATCHES)) patches apply to a clean llama-cpp-python $(LLAMA_CPP) sdist"
 
 bench: install
 	$(BIN)/localspec bench
