@@ -134,8 +134,9 @@ class Api:
         conversation.turns[-1].trace.save(path)
         return str(path)
 
-    def speedup(self, result: GenerationResult) -> float | None:
-        t_target = self.engine.target_token_seconds(measure=False)
+    def speedup(self, result: GenerationResult, steps: list[dict[str, Any]]) -> float | None:
+        """Against the target under the reply's own conditions (see Engine.target_seconds_during)."""
+        t_target = self.engine.target_seconds_during(steps)
         stats = result.stats
         return stats.tokens_per_second * t_target if t_target and stats.drafted and stats.decode_s > 0 else None
 
@@ -271,10 +272,10 @@ async def respond(api: Api, request: Request, body, conversation: Conversation, 
         return StreamingResponse(_sse(api, kind, ident, pieces, include_usage), media_type="text/event-stream")
     watcher = asyncio.ensure_future(_watch_disconnect(request, cancel, api.gate))
     try:
-        text, fates, result, trace_path = [], [], None, None
+        text, fates, result, trace_path, steps = [], [], None, None, []
         async for piece in pieces:
             if "result" in piece:
-                result, trace_path = piece["result"], piece["trace"]
+                result, trace_path, steps = piece["result"], piece["trace"], _steps_of(piece)
             else:
                 text.append(piece["text"])
                 fates += piece["tokens"]
@@ -287,7 +288,7 @@ async def respond(api: Api, request: Request, body, conversation: Conversation, 
     choice |= {"message": message} if kind == "chat.completion" else {"text": message["content"]}
     return {
         "id": ident, "object": kind, "created": int(time.time()), "model": api.model_id, "choices": [choice],
-        "usage": _usage(result), "localspec": _summary(api, result, trace_path) | {"tokens": fates},
+        "usage": _usage(result), "localspec": _summary(api, result, trace_path, steps) | {"tokens": fates},
     }  # fmt: skip
 
 
@@ -296,13 +297,19 @@ def _usage(result: GenerationResult) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _summary(api: Api, result: GenerationResult, trace_path: str | None) -> dict[str, Any]:
+def _steps_of(piece: dict[str, Any]) -> list[dict[str, Any]]:
+    """The steps of the reply a result piece ends (its turn's trace)."""
+    turn = piece.get("turn")
+    return turn.trace.steps if turn is not None and turn.trace is not None else []
+
+
+def _summary(api: Api, result: GenerationResult, trace_path: str | None, steps: list[dict[str, Any]]) -> dict[str, Any]:
     stats = result.stats
     out = {
         "stop_reason": result.stop_reason, "mode": stats.mode, "drafter": stats.drafter,
         "drafted": stats.drafted, "accepted": stats.accepted, "acceptance_rate": stats.acceptance_rate,
         "tokens_per_step": stats.tokens_per_step, "tokens_per_second": stats.tokens_per_second,
-        "speedup": api.speedup(result), "steps_by_source": stats.steps_by_source(),
+        "speedup": api.speedup(result, steps), "steps_by_source": stats.steps_by_source(),
     }  # fmt: skip
     if result.stop_reason == "context_full":
         out["note"] = "the context is full: the reply was cut (finish_reason length)"
@@ -330,7 +337,7 @@ async def _sse(api: Api, kind: str, ident: str, pieces: AsyncIterator[dict], inc
         async for piece in pieces:
             if "result" in piece:
                 result = piece["result"]
-                yield chunk(choice_of("", FINISH.get(result.stop_reason, "stop")), {"localspec": _summary(api, result, piece["trace"])})
+                yield chunk(choice_of("", FINISH.get(result.stop_reason, "stop")), {"localspec": _summary(api, result, piece["trace"], _steps_of(piece))})
                 if include_usage:
                     yield chunk(None, {"usage": _usage(result)})
                 break
