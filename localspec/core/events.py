@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 
 class TokenStatus(str, Enum):
@@ -101,6 +101,11 @@ class StepEvent:
         return out
 
 
+def step_field(step: "StepEvent | dict[str, Any]") -> Callable[..., Any]:
+    """``get(name, default)`` for a step as the loop made it or as a trace read it back (a dict)."""
+    return step.get if isinstance(step, dict) else lambda name, default=None: getattr(step, name, default)
+
+
 @dataclass
 class GenerationStats:
     """Counters and timings of one reply."""
@@ -129,7 +134,7 @@ class GenerationStats:
     def add_step(self, step: "StepEvent | dict[str, Any]") -> None:
         """Count one step. The loop counts with this as it goes, and :meth:`from_steps` with it from a
         trace, so a live reply, a saved one and a replayed one report the same numbers."""
-        get = step.get if isinstance(step, dict) else lambda name, default=None: getattr(step, name, default)
+        get = step_field(step)
         n_drafted, n_kept = len(get("drafted", [])), get("n_kept", 0)
         self.steps += 1
         self.n_tokens += get("n_added", 0)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import statistics
 
+from localspec.core.events import step_field
+
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
     """Expected tokens emitted by one step of ``k`` drafts: ``sum_{i=0..k} alpha**i``."""
@@ -108,7 +110,7 @@ def target_alone_seconds(steps, shape: dict[int, float]) -> float | None:
         return None
     per_row = []
     for step in steps:
-        get = step.get if isinstance(step, dict) else lambda name, default=None: getattr(step, name, default)
+        get = step_field(step)
         rows = len(get("drafted", []) or []) + 1
         cost = rows_seconds(shape, rows)
         if cost and get("verify_s", 0.0) > 0:
