@@ -1,21 +1,12 @@
 # localspec — `make run` starts the app (installing on first use); `make test` runs the test suite.
 #
 # llama-cpp-python is compiled from its sdist with the flags of docs/design.md (Batch invariance):
-# -DGGML_LLAMAFILE=OFF always (bit-identical batched logits), -DGGML_CUDA=on
-# when nvcc and an NVIDIA GPU are found, Metal automatically on macOS, and with
-# the patches in patches/ applied (the Q4_K repack gemv made to round like its
-# gemm, and the K-quant vec_dot like the tiled matmul, so Q4_K_M models are
-# batch-invariant with llama.cpp's fast kernels; docs/design.md, Batch invariance; and cheaper
-# batches with the same bits: the Q4_K gemv taking up to 11 rows per pass, the
-# Q4_K gemm and gemv on VNNI, K-quant vec_dot taking 2-7 rows per pass in long
-# chunks, the tiled matmul's weight sums in one pass; weights prefetched ahead
-# of use and Q6_K on AVX-512 VNNI; Q5_0 taking any number of rows per pass; the
-# repacked Q4_0 gemv taking up to 4 rows per pass, and Q4_1 any number; batches in
-# the AMX buffer without tile instructions, streamed up to 4 rows per pass; buffers of
-# 2 MiB and more in transparent huge pages). pip's
-# wheel cache does not key on CMAKE_ARGS or patches, so the built wheel is kept
-# in a folder named after the version, the flags, the patches' hash and the
-# Python/platform, and installed from there.
+# -DGGML_LLAMAFILE=OFF always (bit-identical batched logits), -DGGML_RPC=ON (a target split over
+# machines), -DGGML_CUDA=on when nvcc and an NVIDIA GPU are found, Metal automatically on macOS, and
+# with the patches patches/series lists, in its order (each file's header says what it changes, why and
+# what it measured). pip's wheel cache does not key on CMAKE_ARGS or patches, so the built wheel is kept
+# in a folder named after the version, the flags, the patches' hash and the Python/platform, and
+# installed from there.
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -23,18 +14,24 @@ BIN         := $(VENV)/bin
 LLAMA_CPP   := 0.3.36
 # CUDA only where both the compiler and a GPU are present (nvcc alone is not enough)
 CUDA_FLAG   := $(if $(and $(shell command -v nvcc 2>/dev/null),$(shell nvidia-smi -L 2>/dev/null)),-DGGML_CUDA=on,)
-CMAKE_FLAGS ?= -DGGML_LLAMAFILE=OFF $(CUDA_FLAG)
+# RPC: a target split over machines with llama.cpp's rpc-server (docs/rpc.md)
+CMAKE_FLAGS ?= -DGGML_LLAMAFILE=OFF -DGGML_RPC=ON $(CUDA_FLAG)
 WHEEL_CACHE ?= $(HOME)/.cache/localspec/wheels
 # patches/series lists the patches in the order they apply; the build key hashes their diffs (a file's
 # header, the prose above its first "--- " line, is documentation and does not change the build)
+# (PATCH_KIND=invariance: only the patches whose header says "Kind: invariance", for make patches-bits)
+PATCH_KIND  ?=
 PATCHES     := $(addprefix patches/,$(shell grep -v '^\#' patches/series))
+ifneq ($(PATCH_KIND),)
+PATCHES     := $(foreach p,$(PATCHES),$(if $(shell grep -l '^Kind: $(PATCH_KIND)$$' $(p)),$(p)))
+endif
 PATCH_HASH  := $(shell $(PYTHON) -c "import hashlib,sys;h=hashlib.sha256();[h.update(d[0 if d.startswith(b'--- ') else d.find(b'\n--- ')+1:]) for d in (open(p,'rb').read() for p in sys.argv[1:])];print(h.hexdigest()[:12])" $(PATCHES))
 WHEEL_KEY   := $(shell $(PYTHON) -c "import hashlib,platform,sys;print(hashlib.sha256(('$(LLAMA_CPP)|$(strip $(CMAKE_FLAGS))|$(PATCH_HASH)|'+platform.machine()+'|'+platform.system()+'|'+sys.version.split()[0]).encode()).hexdigest()[:12])")
 WHEEL_DIR   := $(WHEEL_CACHE)/llama-cpp-python-$(LLAMA_CPP)-$(WHEEL_KEY)
 STAMP       := $(VENV)/.localspec-$(WHEEL_KEY)
 PIP         := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: run install install-dev models test test-fast patches-check bench bench-llama-cpp llama-cpp-tools doctor gpu-pack clean
+.PHONY: run install install-dev models test test-fast lint patches-check patches-bits bench bench-llama-cpp llama-cpp-tools doctor gpu-pack clean
 
 run: install
 	$(BIN)/localspec ui
@@ -68,8 +65,11 @@ $(VENV)/.dev-installed: $(STAMP)
 models: install
 	$(BIN)/localspec models prepare --with-test-models
 
-test: install-dev models patches-check
+test: install-dev models patches-check lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --timeout 900
+
+lint: install-dev
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 test-fast: install-dev
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not models and not browser"
@@ -85,6 +85,14 @@ patches-check: $(SDIST)
 	  for p in $(PATCHES); do patch -s -p1 -N --fuzz=0 --no-backup-if-mismatch -d $$tmp < $$p >/dev/null || \
 	    { echo "$$p no longer applies to llama-cpp-python $(LLAMA_CPP) after the patches above it in patches/series"; exit 1; }; done && \
 	  echo "patches/series: $(words $(PATCHES)) patches apply to a clean llama-cpp-python $(LLAMA_CPP) sdist"
+
+# Before a patch change lands (minutes, not CI): the speed patches change no bit. A second venv gets a
+# wheel with only the invariance patches; both builds write the logits of the same models (the real and demo
+# pairs, a tiny model per weight type), rows alone and in batches of 1-17, and they must be equal.
+BITS_VENV := .venv-invariance
+patches-bits: install models
+	$(MAKE) install VENV=$(BITS_VENV) PATCH_KIND=invariance
+	$(BIN)/python patches/check_bits.py --against $(BITS_VENV)/bin/python
 
 bench: install
 	$(BIN)/localspec bench

@@ -6,6 +6,7 @@ randgguf.py reads it and writes random weights of any shape under that metadata.
 """
 
 import sys
+
 import gguf
 
 real, out = sys.argv[1], sys.argv[2]

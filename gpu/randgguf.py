@@ -7,7 +7,8 @@ TEMPLATE is a GGUF with a real model's metadata and no tensors (``gpu/make_templ
 layout is llama.cpp's Q4_K_M (Q6_K for the output matrix and for attn_v/ffn_down in its "more bits"
 layers); ``--qtype Q4_0 --pure`` is the default pair's draft. Weights are random bytes drawn once and
 tiled (64 MiB of blocks per type and width, each block's fp16 scales set so every weight is finite and
-of a sane size), so a 32B file is written at about the speed of a copy. Needs numpy and gguf-py (the sdist's vendor/llama.cpp/gguf-py).
+of a sane size), so a 32B file is written at about the speed of a copy. Needs numpy and gguf-py (the
+sdist's vendor/llama.cpp/gguf-py).
 """
 
 from __future__ import annotations
@@ -86,8 +87,9 @@ def main() -> None:
         "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
         "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     }[args.qtype]  # what llama.cpp's description names
-    shape_keys = {"general.file_type": int(file_type), f"{arch}.block_count": layers, f"{arch}.embedding_length": embd, f"{arch}.feed_forward_length": ff,
-                  f"{arch}.attention.head_count": heads, f"{arch}.attention.head_count_kv": kv_heads}  # fmt: skip
+    shape_keys = {"general.file_type": int(file_type), f"{arch}.block_count": layers, f"{arch}.embedding_length": embd,
+                  f"{arch}.feed_forward_length": ff, f"{arch}.attention.head_count": heads,
+                  f"{arch}.attention.head_count_kv": kv_heads}  # fmt: skip
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue

@@ -9,8 +9,9 @@ prompt, options and sampling parameters the CLI uses.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from localspec.app.config import Config, all_keys, load_config
 from localspec.app.engine import Engine
@@ -67,7 +68,7 @@ class Pair:
     def close(self) -> None:
         self.engine.close()
 
-    def __enter__(self) -> "Pair":
+    def __enter__(self) -> Pair:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -52,7 +52,9 @@ def test_config(tmp_path_factory) -> Path:
     threads, and a fixed K — adaptive K follows measured timings, so a busy test machine could stop
     drafting (or pick other K) and make a seeded reply differ from run to run."""
     path = tmp_path_factory.getbasetemp() / "test-config.yaml"
-    path.write_text(f"model:\n  pair: demo\n  threads: {TEST_THREADS}\nspeculative:\n  adaptive: false\n  remember: false\n")
+    path.write_text(
+        f"model:\n  pair: demo\n  threads: {TEST_THREADS}\nspeculative:\n  adaptive: false\n  remember: false\n"
+    )
     return path
 
 
@@ -90,7 +92,9 @@ def generate(engine, prompt_tokens, params, **options):
     return events[-1], [e for e in events if isinstance(e, StepEvent)]
 
 
-def run_cli(*args: str, input: str | None = None, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, input: str | None = None, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run the real `localspec` program."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
@@ -155,7 +159,8 @@ def running_server(args: list[str], ready_prefix: str, log_path: Path, env: dict
 
 
 def server_env() -> dict[str, str]:
-    """A server subprocess's environment: the session's (test config and cache, set by ``_isolated_cache``), unbuffered."""
+    """A server subprocess's environment: the session's (test config and cache, set by ``_isolated_cache``),
+    unbuffered."""
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 

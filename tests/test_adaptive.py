@@ -117,7 +117,8 @@ def test_adaptive_loop_reports_varying_k_within_bounds() -> None:
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
     steps = []
     for event in decoder.stream([0, 1, 2], SamplingParams(temperature=0.8),
-                                GenerationOptions(max_tokens=120, draft_tokens=6, adaptive=True, min_draft_tokens=1)):  # fmt: skip
+                                GenerationOptions(max_tokens=120, draft_tokens=6, adaptive=True,
+                                                  min_draft_tokens=1)):  # fmt: skip
         if isinstance(event, StepEvent):
             steps.append(event)
     ks = [s.k for s in steps]
@@ -133,7 +134,8 @@ def test_adaptive_greedy_is_identical_to_target_only(noise: float) -> None:
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
     for prompt in ([0], [1, 2], [3, 3, 4, 5]):
         result = decoder.run(prompt, SamplingParams(temperature=0.0),
-                             GenerationOptions(mode="greedy", max_tokens=40, draft_tokens=5, adaptive=True, min_draft_tokens=0))  # fmt: skip
+                             GenerationOptions(mode="greedy", max_tokens=40, draft_tokens=5, adaptive=True,
+                                               min_draft_tokens=0))  # fmt: skip
         assert result.token_ids == greedy_reference(target, prompt, 40)
 
 
@@ -608,7 +610,8 @@ def test_retiming_the_target_alone_costs_a_paying_draft_little() -> None:
         rate = lambda k: expected_tokens_per_step(alpha, k) / (k * t_draft + verify(k + 1) + 1e-4 * (k + 1))  # noqa: E731
         ks = controller.history[-256:]
         rates[retime] = sum(expected_tokens_per_step(alpha, k) for k in ks) / sum(
-            expected_tokens_per_step(alpha, k) / rate(k) for k in ks)
+            expected_tokens_per_step(alpha, k) / rate(k) for k in ks
+        )
         zeros[retime] = sum(k == 0 for k in ks)
     assert zeros[0] < zeros[32] <= zeros[0] + 256 // 32 + 1, zeros  # a one-row step in 32, no more
     assert rates[32] >= 0.99 * rates[0], rates
@@ -741,7 +744,9 @@ def test_copies_that_outrun_the_model_leave_its_catch_up_waiting(quoted: bool, c
         while accepted < plan.k and rng.random() < alpha:
             accepted += 1
         examined = accepted + (accepted < plan.k)
-        controller.observe(plan.k, accepted, examined, 0.0, gpu_verify(plan.k + 1), 1e-4 * (plan.k + 1), plan.source or MODEL)
+        controller.observe(
+            plan.k, accepted, examined, 0.0, gpu_verify(plan.k + 1), 1e-4 * (plan.k + 1), plan.source or MODEL
+        )
         controller.observe_match(match.length, accepted if plan.source == LOOKUP else int(rng.random() < alpha),
                                  examined if plan.source == LOOKUP else 1)  # fmt: skip
     if catches_up:

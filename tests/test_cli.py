@@ -54,7 +54,9 @@ def test_plain_output_streams_the_text_and_json_agrees() -> None:
 
 
 def test_stdin_prompt_and_raw_mode() -> None:
-    result = run_cli("generate", "-", "--raw", "--max-tokens", "8", "--temperature", "0", "--json", input="The capital of France is")
+    result = run_cli(
+        "generate", "-", "--raw", "--max-tokens", "8", "--temperature", "0", "--json", input="The capital of France is"
+    )
     assert result.returncode == 0, result.stderr
     assert "Paris" in json.loads(result.stdout)["text"]
 
@@ -156,7 +158,9 @@ def cpu_build_precondition() -> None:
     """The doctor tests pin CPU facts (the backend line, flash attention's effect past position 256)."""
     from localspec.llama.runtime import gpu_offload_supported
 
-    assert not gpu_offload_supported(), "precondition: a CPU-only build of llama-cpp-python (these tests measure CPU kernels)"
+    assert not gpu_offload_supported(), (
+        "precondition: a CPU-only build of llama-cpp-python (these tests measure CPU kernels)"
+    )
 
 
 def test_doctor_reports_build_backend_memory_and_invariance() -> None:

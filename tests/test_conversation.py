@@ -46,7 +46,9 @@ def test_old_turns_are_left_out_with_a_note_when_the_context_fills(engine, confi
     assert noted, [t.notice for t in traces]
     last = traces[-1].header
     assert len(last["prompt_tokens"]) + 16 <= N_CTX  # room kept for the reply
-    assert "Note a:" not in last["prompt_text"] and "Note c:" in last["prompt_text"] and "Note d:" in last["prompt_text"]
+    assert (
+        "Note a:" not in last["prompt_text"] and "Note c:" in last["prompt_text"] and "Note d:" in last["prompt_text"]
+    )
     assert traces[0].notice == "" and traces[1].notice == ""  # nothing was left out while it fitted
 
 
@@ -69,8 +71,12 @@ def test_saved_conversation_loads_back_in_order(engine, config, tmp_path) -> Non
     saved = conversation.save(tmp_path / "chat.jsonl", config)
     loaded = Trace.load(tmp_path / "chat.jsonl")
     assert loaded.events == saved.events and [e["kind"] for e in loaded.events][0] == "turn"
-    assert [m["content"] for m in loaded.header["conversation"]] == ["Hi!", conversation.turns[0].reply,
-                                                                      "Name a colour.", conversation.turns[1].reply]
+    assert [m["content"] for m in loaded.header["conversation"]] == [
+        "Hi!",
+        conversation.turns[0].reply,
+        "Name a colour.",
+        conversation.turns[1].reply,
+    ]
     with pytest.raises(Exception, match="does not exist"):
         conversation.save(tmp_path / "missing" / "chat.jsonl", config)
     assert not (tmp_path / "missing").exists()

@@ -51,7 +51,13 @@ def report_for(settings: dict[str, bool], breaks: set[str], min_rows: int = 2):
     return measure_batch_invariance(model, probe_tokens(model.tokenize))
 
 
-UNPATCHED = {"weight_type": "qwen2 1.5B Q4_K - Medium", "buffers": "CPU_REPACK", "patched": "no", "llamafile": "off", "tiled": "off"}
+UNPATCHED = {
+    "weight_type": "qwen2 1.5B Q4_K - Medium",
+    "buffers": "CPU_REPACK",
+    "patched": "no",
+    "llamafile": "off",
+    "tiled": "off",
+}
 
 
 def test_measurement_sees_a_difference_in_any_batch_size_class() -> None:
@@ -76,7 +82,9 @@ def test_repacked_kernels_are_named_with_the_patched_build_as_the_fix() -> None:
 
 def test_flash_attention_and_both_together() -> None:
     current = {"extra_buffers": False, "flash_attention": True}
-    found = diagnose(report_for(current, {"flash_attention"}), loader(current, {"flash_attention"}, []), current, UNPATCHED)
+    found = diagnose(
+        report_for(current, {"flash_attention"}), loader(current, {"flash_attention"}, []), current, UNPATCHED
+    )
     assert found.remedy == {"flash_attention": False} and "flash attention" in found.cause
     assert "model.flash_attention: false" in found.fix
     both = {"extra_buffers": True, "flash_attention": True}
@@ -96,7 +104,8 @@ def test_when_nothing_helps_the_doctor_says_so_and_names_what_it_can() -> None:
     tiled = diagnose(report_for({"something_else": True}, unfixable), loader({"something_else": True}, unfixable, []),
                      current, {**UNPATCHED, "tiled": "on"})  # fmt: skip
     assert "tiled K-quant matmul" in tiled.cause and "GGML_CPU_TILED_MM" in tiled.fix
-    llamafile = diagnose(report_for({"something_else": True}, unfixable), loader({"something_else": True}, unfixable, []),
+    llamafile = diagnose(report_for({"something_else": True}, unfixable),
+                         loader({"something_else": True}, unfixable, []),
                          current, {**UNPATCHED, "llamafile": "on"})  # fmt: skip
     assert "llamafile" in llamafile.cause and "make install" in llamafile.fix
 
@@ -108,7 +117,7 @@ def test_the_tiled_matmul_line_says_whether_it_is_safe() -> None:
 
     def line(tiled: bool, invariant: bool) -> str:
         build = {"version": "0.3.36", "system_info": "CPU : AVX2 = 1", "tiled_matmul": tiled,
-                 "tiled_invariant": invariant, "stamp": {}}  # fmt: skip
+                 "tiled_invariant": invariant, "patches": (), "stamp": {}}  # fmt: skip
         return next(text for text in build_lines(build) if text.startswith("tiled K-quant matmul"))
 
     assert "off" in line(False, True) and "off" in line(False, False)

@@ -16,8 +16,8 @@ variants, which must fail the same statistics by a wide margin. Run with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -49,7 +49,9 @@ T = 0.8
 # For penalties: ids 3, 4 and 5 unseen, 0 seen three times (frequency), and with penalty_last_n = 4 the
 # early 0 and 2 fall out of the window as tokens are drafted, so every penalty depends on the history.
 PENALTY_PROMPT = [2, 0, 1, 0, 1, 0]
-PENALTIES = SamplingParams(temperature=T, repeat_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.5, penalty_last_n=4)
+PENALTIES = SamplingParams(
+    temperature=T, repeat_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.5, penalty_last_n=4
+)
 
 
 @dataclass
@@ -135,7 +137,11 @@ CASES = {
     "invariant (Gumbel) T=0.8": (SamplingParams(temperature=T), "invariant", accept_gumbel, PROMPT),
     "invariant (Gumbel) penalties (window 4)": (PENALTIES, "invariant", accept_gumbel, PENALTY_PROMPT),
     "invariant (Gumbel) top-k=4 top-p=0.9 min-p=0.05": (
-        SamplingParams(temperature=T, top_k=4, top_p=0.9, min_p=0.05), "invariant", accept_gumbel, PROMPT),
+        SamplingParams(temperature=T, top_k=4, top_p=0.9, min_p=0.05),
+        "invariant",
+        accept_gumbel,
+        PROMPT,
+    ),
 }
 
 
@@ -228,8 +234,9 @@ def test_larger_draft_vocabulary_never_reaches_the_target(mode: str) -> None:
     params = SamplingParams(temperature=0.0 if mode == "greedy" else T)
     proposed_extra = 0
     for run in range(300):
-        options = GenerationOptions(mode=mode, max_tokens=12, draft_tokens=K, seed=run, request_key=7, adaptive=False,
-                                    detail_top=3)  # the evidence rows (UI, traces) name the draft-only token too
+        options = GenerationOptions(
+            mode=mode, max_tokens=12, draft_tokens=K, seed=run, request_key=7, adaptive=False, detail_top=3
+        )  # the evidence rows (UI, traces) name the draft-only token too
         for event in decoder.stream(PROMPT, params, options):
             if isinstance(event, StepEvent):
                 proposed_extra += V in event.drafted
@@ -246,7 +253,9 @@ def test_larger_draft_vocabulary_is_exact(mode: str, accept) -> None:
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft, vocab_size=V + 1))
     joint, accepted = sample(decoder, params, mode, n_runs=N_RUNS // 2)
     exact = exact_joint(target, PROMPT, params, LENGTH, V)
-    acc_exact = accepted_length_distribution(_rows(target, params, V + 1), _rows(draft, params, V + 1), PROMPT, K, accept)
+    acc_exact = accepted_length_distribution(
+        _rows(target, params, V + 1), _rows(draft, params, V + 1), PROMPT, K, accept
+    )
     result = report(joint, exact, accepted, acc_exact)
     print(f"\n[draft vocabulary {V + 1} > {V}, {mode}]\n{result}")
     assert all(c.passed for c in result.all()), str(result)
@@ -369,7 +378,9 @@ def test_negative_control_is_detected(name: str, monkeypatch: pytest.MonkeyPatch
         monkeypatch.setattr(generation, "make_mode", lambda n, p, rng, v, seed=0, request_key=0: broken(p, rng, v))
     joint, accepted = sample(decoder, params, "rejection", prompt=prompt)
     exact = exact_joint(reference, prompt, params, LENGTH, V)
-    acc_exact = accepted_length_distribution(_rows(reference, params), _rows(draft, params), prompt, K, accept_rejection)
+    acc_exact = accepted_length_distribution(
+        _rows(reference, params), _rows(draft, params), prompt, K, accept_rejection
+    )
     result = report(joint, exact, accepted, acc_exact)
     print(f"\n[NEGATIVE {name}]\n{result}")
     assert not result.joint.passed, f"{name} went undetected by the joint test: {result.joint}"
@@ -424,7 +435,9 @@ def test_invariant_negative_control_is_detected(name: str, monkeypatch: pytest.M
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
     import localspec.core.loop as generation
 
-    monkeypatch.setattr(generation, "make_mode", lambda n, p, rng, v, seed=0, request_key=0: broken(p, rng, v, seed, request_key))
+    monkeypatch.setattr(
+        generation, "make_mode", lambda n, p, rng, v, seed=0, request_key=0: broken(p, rng, v, seed, request_key)
+    )
     joint, accepted = sample(decoder, params, "invariant")
     exact = exact_joint(target, PROMPT, params, LENGTH, V)
     acc_exact = accepted_length_distribution(_rows(target, params), _rows(draft, params), PROMPT, K, accept_gumbel)

@@ -187,7 +187,8 @@ def test_a_rename_is_learnt_where_lookup_did_not_draft(learn: bool, monkeypatch:
     decoder = SpeculativeDecoder(target, target, NgramDrafter(target))
     prompt = [0, 1, 2, 3, 4] * 6
     result = decoder.run(prompt, SamplingParams(temperature=0.0),
-                         GenerationOptions(mode="greedy", max_tokens=12, adaptive=True, min_draft_tokens=0))  # fmt: skip
+                         GenerationOptions(mode="greedy", max_tokens=12, adaptive=True,
+                                           min_draft_tokens=0))  # fmt: skip
     assert result.token_ids == [0, 1, 2, 3, 5] * 2 + [0, 1]
     lengths = decoder.controller.lengths  # step 4 wrote the first 5
     if learn:
@@ -530,6 +531,8 @@ def test_a_rename_the_target_declines_is_contested_and_the_target_picks() -> Non
     dropped.learn(word("_orders"), word("_records"))
     dropped.drop(dropped.edits[0])
     assert lookup(prompt + reply[:-1], dropped).tokens[0] == word(" order")
+
+
 def test_a_copy_that_starts_inside_a_token_is_tokenized_afresh() -> None:
     """The reply wrote ``(`` where the prompt has the token ``(records``: what follows in the prompt starts
     inside that token, so the copy is its rest, ``records``, as a token of its own."""

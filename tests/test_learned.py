@@ -61,7 +61,7 @@ def test_a_new_decoder_resumes_where_the_last_one_ended(cache, monkeypatch) -> N
     first.run([1, 2, 3], PARAMS, OPTIONS)
     assert calibrations == [1]
     state = first.learned()
-    (settings, learned_state), = state.items()
+    ((settings, learned_state),) = state.items()
     assert learned_state.examined > 10 and learned_state.costs.verify_s[1] == pytest.approx(gpu_verify(1))
     store.save("pair-key", state, "toy pair")
     assert store.load("pair-key") == state  # exactly, floats and settings included

@@ -137,7 +137,11 @@ def test_invariant_mode_changes_with_seed_and_request_key() -> None:
 def test_statuses_follow_the_verdicts() -> None:
     target, draft = pair()
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
-    events = list(decoder.stream([0, 1], SamplingParams(temperature=0.8), GenerationOptions(max_tokens=40, draft_tokens=3, seed=4)))
+    events = list(
+        decoder.stream(
+            [0, 1], SamplingParams(temperature=0.8), GenerationOptions(max_tokens=40, draft_tokens=3, seed=4)
+        )
+    )
     steps = [e for e in events if isinstance(e, StepEvent)]
     tokens = [e for e in events if isinstance(e, TokenEvent)]
     result = events[-1]
@@ -186,7 +190,8 @@ def test_drafts_accepted_past_an_end_of_generation_are_not_counted() -> None:
     draft = ToyLM(V, seed=23, base=target, noise=0.0)  # identical logits: every draft accepted
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
     events = list(decoder.stream([2], SamplingParams(temperature=0.0),
-                                 GenerationOptions(mode="greedy", max_tokens=50, draft_tokens=4, adaptive=False)))  # fmt: skip
+                                 GenerationOptions(mode="greedy", max_tokens=50, draft_tokens=4,
+                                                   adaptive=False)))  # fmt: skip
     result, step = events[-1], next(e for e in events if isinstance(e, StepEvent))
     assert step.n_accepted == 4 and step.drafted[1] == eos  # the verifier's own decision, kept in the trace
     assert result.stop_reason == "eos" and result.stats.n_tokens == 1
@@ -226,7 +231,9 @@ def test_max_tokens_is_exact_and_limits_the_draft() -> None:
     target, draft = pair(noise=0.1)
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
     for n in (1, 2, 5, 9):
-        events = list(decoder.stream([3], SamplingParams(temperature=0.8), GenerationOptions(max_tokens=n, draft_tokens=4)))
+        events = list(
+            decoder.stream([3], SamplingParams(temperature=0.8), GenerationOptions(max_tokens=n, draft_tokens=4))
+        )
         result = events[-1]
         assert result.stop_reason == "max_tokens" and len(result.token_ids) == n
         assert all(e.k <= n - 1 for e in events if isinstance(e, StepEvent))
@@ -259,7 +266,11 @@ def test_stop_string_truncates_and_never_shows() -> None:
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
     full = run(decoder, [0], SamplingParams(temperature=0.0), mode="greedy", max_tokens=20)
     stop = full.text[5:7]
-    events = list(decoder.stream([0], SamplingParams(temperature=0.0), GenerationOptions(mode="greedy", max_tokens=20, stop=[stop])))
+    events = list(
+        decoder.stream(
+            [0], SamplingParams(temperature=0.0), GenerationOptions(mode="greedy", max_tokens=20, stop=[stop])
+        )
+    )
     result = events[-1]
     streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
     assert result.stop_reason == "stop_string"
@@ -319,8 +330,18 @@ def complete_characters(data: bytes) -> str:
 
 
 def test_reply_text_never_breaks_a_character_and_drops_a_dangling_one() -> None:
-    pieces = {1: "アニ".encode(), 2: b"\xe3", 3: b"\x83", 4: b"\xa1", 5: "z".encode(), 6: b"\x83\xa1\xe3", 7: b"\xff"}
-    sequences = [[1, 2, 3, 4], [1, 2, 3], [1, 2], [2, 3, 4, 1, 2], [5, 2], [5, 5, 2], [2, 6, 3, 4], [1, 7, 1], [2, 7, 5]]
+    pieces = {1: "アニ".encode(), 2: b"\xe3", 3: b"\x83", 4: b"\xa1", 5: b"z", 6: b"\x83\xa1\xe3", 7: b"\xff"}
+    sequences = [
+        [1, 2, 3, 4],
+        [1, 2, 3],
+        [1, 2],
+        [2, 3, 4, 1, 2],
+        [5, 2],
+        [5, 5, 2],
+        [2, 6, 3, 4],
+        [1, 7, 1],
+        [2, 7, 5],
+    ]
     for sequence in sequences:
         for stop in ((), ("zz",), ("z\ufffd",)):
             reply = ReplyText(pieces.__getitem__, stop)
@@ -356,7 +377,9 @@ def test_target_cache_holds_committed_tokens_minus_the_last_after_every_step() -
     target, draft = pair()
     decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
     context = [0, 1]
-    for event in decoder.stream(list(context), SamplingParams(temperature=0.8), GenerationOptions(max_tokens=30, draft_tokens=4)):
+    for event in decoder.stream(
+        list(context), SamplingParams(temperature=0.8), GenerationOptions(max_tokens=30, draft_tokens=4)
+    ):
         if isinstance(event, TokenEvent):
             context.append(event.token_id)
         elif isinstance(event, StepEvent):

@@ -20,11 +20,10 @@ pytestmark = pytest.mark.models
 
 RAW_PROMPTS = [
     "The history of the printing press begins",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "Once upon a time, in a small village by the sea, there lived",
     "Photosynthesis is the process by which plants",
 ]
-
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +37,6 @@ def engines(demo_paths):
     yield built
     for engine in built.values():
         engine.close()
-
 
 
 def test_greedy_speculative_equals_target_only(engines) -> None:
@@ -81,7 +79,9 @@ def test_invariant_mode_is_identical_with_any_draft(engines) -> None:
     for seed in (1, 2, 3):
         outputs, accepted = {}, {}
         for name in ("q4_1", "q4_0", "none"):
-            result, _ = generate(engines[name], prompt, params, mode="invariant", max_tokens=64, seed=seed, draft_tokens=4)
+            result, _ = generate(
+                engines[name], prompt, params, mode="invariant", max_tokens=64, seed=seed, draft_tokens=4
+            )
             outputs[name], accepted[name] = result.token_ids, result.stats.accepted
         assert outputs["q4_1"] == outputs["q4_0"] == outputs["none"], seed
         assert accepted["q4_1"] > 0 and accepted["none"] == 0
@@ -90,8 +90,16 @@ def test_invariant_mode_is_identical_with_any_draft(engines) -> None:
 def test_rollback_leaves_exactly_the_committed_tokens(engines, demo_paths) -> None:
     engine = engines["q4_0"]  # weak draft: many rejections to roll back
     prompt = engine.encode_raw(RAW_PROMPTS[2]).tokens
-    result, steps = generate(engine, prompt, SamplingParams(temperature=0.8), mode="rejection", max_tokens=80, seed=5,
-                              draft_tokens=4, adaptive=False)  # fixed K: the same sample every run
+    result, steps = generate(
+        engine,
+        prompt,
+        SamplingParams(temperature=0.8),
+        mode="rejection",
+        max_tokens=80,
+        seed=5,
+        draft_tokens=4,
+        adaptive=False,
+    )  # fixed K: the same sample every run
     assert sum(len(s.drafted) - s.n_accepted for s in steps) > 5, "expected rejections"
     committed = prompt + result.token_ids
     target = engine.target
@@ -180,7 +188,9 @@ def test_second_turn_evaluates_only_new_tokens(engines, demo_paths) -> None:
     first_messages = build_messages("", [], "Name three colours.")
     first_prompt = engine.encode_chat(first_messages).tokens
     first, _ = generate(engine, first_prompt, greedy, mode="greedy", max_tokens=40)
-    second_prompt = engine.encode_chat(build_messages("", [("Name three colours.", first.text)], "And three animals?")).tokens
+    second_prompt = engine.encode_chat(
+        build_messages("", [("Name three colours.", first.text)], "And three animals?")
+    ).tokens
     cached = list(engine.target.cached_tokens)
     reused = common_prefix_length(cached, second_prompt[:-1])
     assert reused > len(first_prompt), "turn 1 should be reused"
@@ -189,7 +199,9 @@ def test_second_turn_evaluates_only_new_tokens(engines, demo_paths) -> None:
     assert second.stats.n_prompt_evaluated == len(second_prompt) - 1 - reused
     assert second.stats.n_prompt_evaluated < len(second_prompt) - len(first_prompt)
     # the target evaluated the new prompt tokens plus one verification batch per step, nothing more
-    assert engine.target.n_evaluated - before == second.stats.n_prompt_evaluated + sum(1 + len(s.drafted) for s in steps)
+    assert engine.target.n_evaluated - before == second.stats.n_prompt_evaluated + sum(
+        1 + len(s.drafted) for s in steps
+    )
     fresh = make_engine(demo_paths[0], demo_paths[1])
     try:
         again, _ = generate(fresh, second_prompt, greedy, mode="greedy", max_tokens=40)
@@ -279,7 +291,10 @@ def test_weight_placement_keeps_amx_tiles_out_of_every_batch(engines, demo_paths
     target_placement = placement.weight_placement("target", q4_1)
     assert not target_placement.extra_buffers and target_placement.repack_only
     monkeypatch.setattr(placement, "system_info", lambda: "CPU : AVX2 = 1 | REPACK = 1")
-    assert placement.weight_placement("target", q4_1).extra_buffers and not placement.weight_placement("draft", q4_1).one_row_per_decode
+    assert (
+        placement.weight_placement("target", q4_1).extra_buffers
+        and not placement.weight_placement("draft", q4_1).one_row_per_decode
+    )
 
 
 def test_amx_builds_repack_what_they_can_and_keep_a_mostly_q5_0_draft_out_of_amx(demo_paths, monkeypatch) -> None:

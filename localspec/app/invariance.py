@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,10 @@ class InvarianceReport:
     def line(self) -> str:
         """One line for the doctor and the UI: the verdict with every comparison's outcome."""
         if self.identical:
-            return f"{self.model}: batched and sequential logits are bit-identical ({self.rows_compared} rows; {'; '.join(self.details)})"
+            return (
+                f"{self.model}: batched and sequential logits are bit-identical "
+                f"({self.rows_compared} rows; {'; '.join(self.details)})"
+            )
         return (
             f"{self.model}: batched and sequential logits DIFFER (max |diff| {self.max_abs_diff:.3g}; "
             f"{'; '.join(self.details)}); greedy/invariant output may differ from target-only"
@@ -266,18 +270,25 @@ def load_cached(path: Path, settings: dict, build: str) -> tuple[InvarianceRepor
         diagnosis = entry.get("diagnosis")
         if diagnosis is not None:
             remedy_report = diagnosis.pop("remedy_report", None)
-            diagnosis = Diagnosis(**diagnosis, remedy_report=InvarianceReport(**remedy_report) if remedy_report else None)
+            diagnosis = Diagnosis(
+                **diagnosis, remedy_report=InvarianceReport(**remedy_report) if remedy_report else None
+            )
         return InvarianceReport(**entry["report"]), diagnosis
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
-def save_cached(path: Path, settings: dict, build: str, report: InvarianceReport, diagnosis: Diagnosis | None = None) -> None:
+def save_cached(
+    path: Path, settings: dict, build: str, report: InvarianceReport, diagnosis: Diagnosis | None = None
+) -> None:
     store = cache_dir() / "invariance.json"
     try:
         store.parent.mkdir(parents=True, exist_ok=True)
         data = json.loads(store.read_text()) if store.exists() else {}
-        data[_key(path, settings, build)] = {"report": asdict(report), "diagnosis": asdict(diagnosis) if diagnosis else None}
+        data[_key(path, settings, build)] = {
+            "report": asdict(report),
+            "diagnosis": asdict(diagnosis) if diagnosis else None,
+        }
         tmp = store.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(store)
@@ -298,6 +309,7 @@ def llama_build() -> dict[str, Any]:
         "devices": runtime.devices(),  # every device llama.cpp sees (the CPU included)
         "gpus": runtime.offload_devices(),  # those it offloads layers to
         "tiled_invariant": runtime.tiled_matmul_invariant(),
+        "patches": runtime.build_patches(),  # localspec's patches, as the library announces them
         "stamp": runtime.build_stamp() or {},  # what `make install` recorded about the wheel
     }
 
@@ -313,13 +325,12 @@ def build_id() -> str:
 def build_facts(model) -> dict[str, str]:
     """What :func:`diagnose` quotes about a loaded target and the installed build."""
     build = llama_build()
-    stamp = build["stamp"]
     offload = model.placement.offload
     return {
         "device": " + ".join(offload.devices) if offload.output_on_gpu else "CPU",  # where the target computes
         "weight_type": model.description,
         "buffers": " + ".join(model.weight_buffers) or "?",
-        "patched": "yes" if "q4k" in stamp.get("patches", "") else "no",
+        "patched": "yes" if "q4k_gemv_batch_invariant" in build["patches"] else "no",
         "llamafile": "on" if "LLAMAFILE = 1" in build["system_info"] else "off",
         "tiled": ("patched" if build["tiled_invariant"] else "on") if build["tiled_matmul"] else "off",
     }
@@ -330,4 +341,7 @@ def suspects(model, settings) -> dict[str, bool]:
     from localspec.llama.runtime import cpu_extra_buffer_types
 
     repacked = any(kind in cpu_extra_buffer_types() for kind in model.weight_buffers)  # AMX, CPU_REPACK; not a GPU's
-    return {"extra_buffers": bool(model.placement.extra_buffers and repacked), "flash_attention": bool(settings.flash_attention)}
+    return {
+        "extra_buffers": bool(model.placement.extra_buffers and repacked),
+        "flash_attention": bool(settings.flash_attention),
+    }

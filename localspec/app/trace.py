@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from localspec.core.errors import ConfigError
 from localspec.core.events import Event, GenerationResult, GenerationStats
@@ -87,7 +88,9 @@ class Trace:
         """Write the JSONL file (the folder must exist: a typo in a path should not create folders)."""
         path = Path(path)
         if not path.parent.is_dir():
-            raise ConfigError(f"cannot save to {path}: the folder {path.parent} does not exist; create it or choose another")
+            raise ConfigError(
+                f"cannot save to {path}: the folder {path.parent} does not exist; create it or choose another"
+            )
         header = {"kind": "header", "version": TRACE_VERSION, "created": time.time()}
         header |= {k: v for k, v in self.header.items() if k not in header}
         try:
@@ -99,7 +102,7 @@ class Trace:
         return path
 
     @classmethod
-    def load(cls, source: str | Path | Iterable[str]) -> "Trace":
+    def load(cls, source: str | Path | Iterable[str]) -> Trace:
         """Parse a JSONL trace, keeping the order of its lines; a malformed line gets a message naming its number."""
         if isinstance(source, (str, Path)):
             try:
@@ -122,7 +125,9 @@ class Trace:
                 if obj.get("kind") != "header":
                     raise ConfigError("trace does not start with a header line; is this a localspec trace?")
                 if obj.get("version") != TRACE_VERSION:
-                    raise ConfigError(f"trace format version {obj.get('version')} is not supported (expected {TRACE_VERSION})")
+                    raise ConfigError(
+                        f"trace format version {obj.get('version')} is not supported (expected {TRACE_VERSION})"
+                    )
                 trace = cls(header=obj, source="loaded")
             elif obj.get("kind") in ("token", "step", "result", "turn"):
                 trace.events.append(obj)

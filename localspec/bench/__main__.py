@@ -9,7 +9,9 @@ def main() -> int:
         print("usage: python -m localspec.bench sampler [--repeats N] [--vocab V] [-k K] [--mode M]")
         print("       python -m localspec.bench kernels [--pair NAME] [--model target|draft] [--repeats N]")
         print("       python -m localspec.bench gpu --model LABEL=PATH ... [--pair TARGET:DRAFT] [--llama-bench BIN]")
-        print("       python -m localspec.bench ui [--prompt NAME] [--max-tokens N] [--repeats N] [--tabs N] [UI flags]")
+        print(
+            "       python -m localspec.bench ui [--prompt NAME] [--max-tokens N] [--repeats N] [--tabs N] [UI flags]"
+        )
         print("       python -m localspec.bench cold [--prompts A,B] [--max-tokens N] [--repeats N] [generate flags]")
         print("       python -m localspec.bench frontends [--prompt NAME] [--max-tokens N] [--repeats N] [pair flags]")
         print("end to end: `localspec bench` (see `localspec bench --help`)")
@@ -38,7 +40,11 @@ def main() -> int:
         from .gpu import main as gpu_main
 
         return gpu_main(args[1:])
-    print(f"unknown benchmark {args[0]!r}; use sampler, kernels, gpu, ui, cold or frontends (end to end: `localspec bench`)", file=sys.stderr)
+    print(
+        f"unknown benchmark {args[0]!r}; use sampler, kernels, gpu, ui, cold or frontends "
+        "(end to end: `localspec bench`)",
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -95,7 +95,9 @@ def ui_reply(page, prompt: str, variant: str, seed: int, max_tokens: int, repeat
     page.locator("#ls-message textarea").fill(prompt)
     page.locator("#ls-send").click()
     page.evaluate("window.lsBench.finished")
-    timing = page.evaluate("({ first: window.lsBench.first, firstTokens: window.lsBench.firstTokens, done: window.lsBench.done })")
+    timing = page.evaluate(
+        "({ first: window.lsBench.first, firstTokens: window.lsBench.firstTokens, done: window.lsBench.done })"
+    )
     tokens = page.evaluate(COUNT_JS)
     engine = float(page.locator("#ls-stats [data-stat=tps] .ls-card-v").inner_text())
     seen = (tokens - timing["firstTokens"]) / max((timing["done"] - timing["first"]) / 1000, 1e-9)
@@ -148,8 +150,8 @@ def summary(replies: list[Reply]) -> list[dict[str, Any]]:
 
 
 def render(rows: list[dict[str, Any]], header: str) -> str:
-    columns = ["variant", "tokens", "UI engine tok/s", "API engine tok/s", "UI / API", "UI seen tok/s", "API seen tok/s",
-               "UI / API"]  # fmt: skip
+    columns = ["variant", "tokens", "UI engine tok/s", "API engine tok/s", "UI / API", "UI seen tok/s",
+               "API seen tok/s", "UI / API"]  # fmt: skip
     cells = [[r["variant"], f"{r['ui_tokens']:.0f}", f"{r['ui_engine']:.1f}", f"{r['api_engine']:.1f}",
               f"{r['engine_ratio']:.2f}", f"{r['ui_seen']:.1f}", f"{r['api_seen']:.1f}", f"{r['seen_ratio']:.2f}"]
              for r in rows]  # fmt: skip
@@ -247,12 +249,17 @@ def render_first(rows: list[dict[str, Any]], header: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localspec.bench ui", description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt", default="essay", help="a bench prompt's name (localspec/bench/prompts.yaml)")
-    parser.add_argument("--text", default=None, help="a prompt of your own instead (say, one that asks for a long reply)")
+    parser.add_argument(
+        "--text", default=None, help="a prompt of your own instead (say, one that asks for a long reply)"
+    )
     parser.add_argument("--max-tokens", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tabs", type=int, default=1, help="chat tabs open in the browser (the others stay idle)")
-    parser.add_argument("--first-reply", action="store_true",
-                        help="time only the first reply of a fresh UI process per variant (no API)")
+    parser.add_argument(
+        "--first-reply",
+        action="store_true",
+        help="time only the first reply of a fresh UI process per variant (no API)",
+    )
     parser.add_argument("--chromium", default=CHROMIUM, help="the Chromium to drive (Debian's package by default)")
     parser.add_argument("--json", dest="json_path", default=None, help="also write every reply as JSON here")
     args, pair_args = parser.parse_known_args(argv)  # the rest (--pair, --target, --draft, --threads ...) go to the UI

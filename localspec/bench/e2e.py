@@ -27,9 +27,10 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import yaml
 
@@ -72,7 +73,15 @@ VARIANTS: dict[str, Variant] = {
         Variant("token-match", "token-match T=0.7", "token-match", 0.7, "model"),
         Variant("prompt-lookup", "prompt lookup, no draft model (T=0)", "greedy", 0.0, "ngram"),
         Variant("adaptive", "rejection T=0.7, adaptive K", "rejection", 0.7, "model", adaptive=True),
-        Variant("hybrid", "rejection T=0.7, adaptive model + lookup (default)", "rejection", 0.7, "model", adaptive=True, lookup=True),
+        Variant(
+            "hybrid",
+            "rejection T=0.7, adaptive model + lookup (default)",
+            "rejection",
+            0.7,
+            "model",
+            adaptive=True,
+            lookup=True,
+        ),
         Variant("hybrid-greedy", "greedy, adaptive model + lookup", "greedy", 0.0, "model", adaptive=True, lookup=True),
     )
 }
@@ -114,7 +123,8 @@ class BenchSettings:
                 raise ConfigError(f"{name} = {value} is out of range; allowed: 1 to {MAX_DRAFT_TOKENS}")
         if not 0 <= self.min_draft_tokens <= self.max_draft_tokens:
             raise ConfigError(
-                f"min_draft_tokens = {self.min_draft_tokens} is out of range; allowed: 0 to --max-k ({self.max_draft_tokens})"
+                f"min_draft_tokens = {self.min_draft_tokens} is out of range; "
+                f"allowed: 0 to --max-k ({self.max_draft_tokens})"
             )
 
     def all_variants(self) -> list[Variant]:
@@ -206,12 +216,13 @@ class Bench:
         """Generate once with ``variant`` and return its counters and timings."""
         if variant.drafter == "reference":
             n, seconds = self.reference.generate(tokens, max_tokens, prompt_lookup=variant.name == REFERENCE_LOOKUP)
-            return Measurement(variant.name, prompt, repeat, GenerationStats(mode="reference", n_tokens=n, other_s=seconds),
+            return Measurement(variant.name, prompt, repeat,
+                               GenerationStats(mode="reference", n_tokens=n, other_s=seconds),
                                stop_reason="reference")  # fmt: skip
         if variant.drafter == "llama.cpp":
             done = self.servers[variant.name].complete(tokens, max_tokens, self.settings.seed + repeat)
-            stats = GenerationStats(mode="llama.cpp", drafter=variant.name, n_tokens=done.n_tokens, other_s=done.decode_s,
-                                    drafted=done.drafted, accepted=done.accepted)  # fmt: skip
+            stats = GenerationStats(mode="llama.cpp", drafter=variant.name, n_tokens=done.n_tokens,
+                                    other_s=done.decode_s, drafted=done.drafted, accepted=done.accepted)  # fmt: skip
             return Measurement(variant.name, prompt, repeat, stats, stop_reason="llama.cpp")
         s = self.settings
         options = GenerationOptions(
@@ -234,10 +245,14 @@ class Bench:
                 result = event
         assert result is not None
         mean_k = statistics.fmean(ks) if ks else 0.0
-        return Measurement(variant.name, prompt, repeat, result.stats, result.stop_reason, mean_k, expected_tokens(result.stats))
+        return Measurement(
+            variant.name, prompt, repeat, result.stats, result.stop_reason, mean_k, expected_tokens(result.stats)
+        )
 
 
-def run_bench(engine, settings: BenchSettings, progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+def run_bench(
+    engine, settings: BenchSettings, progress: Callable[[str, int, int], None] | None = None
+) -> dict[str, Any]:
     """Warm up, run every (repeat, prompt, variant) interleaved, and summarise. Returns the JSON report."""
     bench = Bench(engine, settings)
     try:
@@ -281,7 +296,9 @@ def run_from_cli(engine, options: dict[str, Any], progress: Callable[[str, int, 
         prompts=_names(options["prompts"]) or None,
         repeats=options["repeats"],
         max_tokens=options["max_tokens"],
-        draft_tokens=options["draft_tokens"] if options["draft_tokens"] is not None else max(1, config.speculative.draft_tokens),
+        draft_tokens=options["draft_tokens"]
+        if options["draft_tokens"] is not None
+        else max(1, config.speculative.draft_tokens),
         max_draft_tokens=max_k,
         min_draft_tokens=min(config.speculative.min_draft_tokens, max_k),
         temperature=options["temperature"],
@@ -317,7 +334,9 @@ def _attach_speedups(runs: list[Measurement], variants: Sequence[Variant]) -> No
             run.ceiling_speedup = model_speedup(run.stats.steps + run.stats.drafted, t_target, run.stats.decode_s)
         elif run.variant == REFERENCE_LOOKUP and (run.prompt, run.repeat) in ref_base:
             ref = ref_base[(run.prompt, run.repeat)]
-            run.reference_speedup = run.stats.tokens_per_second / ref.stats.tokens_per_second if ref.stats.tokens_per_second else None
+            run.reference_speedup = (
+                run.stats.tokens_per_second / ref.stats.tokens_per_second if ref.stats.tokens_per_second else None
+            )
 
 
 def machine(engine) -> dict[str, Any]:
@@ -379,7 +398,8 @@ def _report(engine, settings, variants, prompts, tokens, runs: list[Measurement]
             "drafter": variant.drafter,
             "adaptive": variant.adaptive,
             "k": (settings.max_draft_tokens if variant.adaptive else settings.draft_tokens)
-            if variant.drafter in ("model", "ngram") else 0,
+            if variant.drafter in ("model", "ngram")
+            else 0,
             "runs": len(mine),
             "tokens": sum(r.stats.n_tokens for r in mine),
             "tokens_per_second": _stat([r.stats.tokens_per_second for r in mine]),
@@ -466,14 +486,13 @@ def render_table(report: dict[str, Any]) -> str:
     lines = [
         hardware_line(report),
         "",
-        "| variant | tok/s | speedup | acceptance | tokens/step | mean K | draft / verify / other | predicted | at acceptance 1 | measured/predicted |",
+        "| variant | tok/s | speedup | acceptance | tokens/step | mean K | draft / verify / other | predicted "
+        "| at acceptance 1 | measured/predicted |",
         "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for row in report["variants"]:
         split = row["time_split"]
-        split_text = (
-            f"{split['draft']:.0%} / {split['verify']:.0%} / {split['other']:.1%}" if split else "–"
-        )
+        split_text = f"{split['draft']:.0%} / {split['verify']:.0%} / {split['other']:.1%}" if split else "–"
         lines.append(
             f"| {row['label']} | {rng(row['tokens_per_second'], '{:.1f}')} | {rng(row['speedup'], '{:.2f}', '×')} | "
             f"{rng(row['acceptance_rate'])} | {rng(row['tokens_per_step'])} | "
@@ -533,7 +552,9 @@ def write_plot(report: dict[str, Any], path: str | Path) -> Path:
     ax2.legend(fontsize=8)
     ax2.tick_params(axis="x", rotation=35)
     pair = report["pair"]
-    fig.suptitle(f"{pair['target']} + {pair['draft']} · {pair['threads']} threads · {report['settings']['max_tokens']} tokens")
+    fig.suptitle(
+        f"{pair['target']} + {pair['draft']} · {pair['threads']} threads · {report['settings']['max_tokens']} tokens"
+    )
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -168,18 +168,20 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats + 1):  # round 0 warms up (the page cache, the controllers) and is not kept
             for variant in VARIANTS:
                 seed = 1000 + repeat
-                for run in (by_generate(prompt, variant, seed, args.max_tokens, flags), chat.reply(prompt, variant, seed),
+                for run in (by_generate(prompt, variant, seed, args.max_tokens, flags),
+                            chat.reply(prompt, variant, seed),
                             server.reply(prompt, variant, seed, args.max_tokens)):  # fmt: skip
                     run.repeat = repeat
                     if repeat:
                         runs.append(run)
-                    print(f"{run.front_end} {variant} #{repeat}: {run.tokens} tokens, {run.tokens_per_second:.1f} tok/s",
-                          file=sys.stderr, flush=True)  # fmt: skip
+                    print(f"{run.front_end} {variant} #{repeat}: {run.tokens} tokens, "
+                          f"{run.tokens_per_second:.1f} tok/s", file=sys.stderr, flush=True)  # fmt: skip
     finally:
         chat.close()
         server.close()
-    header = (f"`python -m localspec.bench frontends {' '.join(argv if argv is not None else sys.argv[1:])}`: prompt "
-              f"{args.prompt}, up to {args.max_tokens} tokens, {args.repeats} repeats; engine tok/s, medians")  # fmt: skip
+    header = (f"`python -m localspec.bench frontends {' '.join(argv if argv is not None else sys.argv[1:])}`: "
+              f"prompt {args.prompt}, up to {args.max_tokens} tokens, {args.repeats} repeats; "
+              "engine tok/s, medians")  # fmt: skip
     print(render(summary(runs), header))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps([asdict(r) for r in runs], indent=1))

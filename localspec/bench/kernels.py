@@ -31,7 +31,9 @@ def measure(path: str, settings, repeats: int, rows: tuple[int, ...]) -> dict[st
     from localspec.app.engine import load_model
     from localspec.app.invariance import measure_model
 
-    models = {name: load_model(path, replace(settings, extra_buffers=extra), "target") for name, extra in PLACEMENTS.items()}
+    models = {
+        name: load_model(path, replace(settings, extra_buffers=extra), "target") for name, extra in PLACEMENTS.items()
+    }
     try:
         first = next(iter(models.values()))
         context = first.tokenize("def quicksort(items):\n    if len(items) < 2:\n        return items\n" * 6)
@@ -62,7 +64,11 @@ def measure(path: str, settings, repeats: int, rows: tuple[int, ...]) -> dict[st
 
 
 def render(path: str, report: dict[str, dict], rows: tuple[int, ...]) -> str:
-    header = "| placement | buffers | " + " | ".join(f"{n} row{'s' if n > 1 else ''} (ms)" for n in rows) + " | batch-invariant |"
+    header = (
+        "| placement | buffers | "
+        + " | ".join(f"{n} row{'s' if n > 1 else ''} (ms)" for n in rows)
+        + " | batch-invariant |"
+    )
     lines = [f"{path}", "", header, "|" + "---|" * (len(rows) + 3)]
     base = next(iter(report.values()))["ms"]
     for name, entry in report.items():

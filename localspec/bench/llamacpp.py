@@ -29,9 +29,9 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from localspec.core.errors import ConfigError, ModelError
 
@@ -59,8 +59,9 @@ def server_configs(draft_ks: Sequence[int] = DRAFT_SIMPLE_KS) -> list[ServerConf
     ]  # fmt: skip
     configs += [
         ServerConfig("llama.cpp-ngram-simple", "llama-server ngram-simple (T=0)", ("--spec-type", "ngram-simple")),
-        ServerConfig("llama.cpp-ngram-mod", "llama-server ngram-mod (T=0)", ("--spec-type", "ngram-mod"),
-                     remembers=True),
+        ServerConfig(
+            "llama.cpp-ngram-mod", "llama-server ngram-mod (T=0)", ("--spec-type", "ngram-mod"), remembers=True
+        ),
     ]
     return configs
 
@@ -68,7 +69,9 @@ def server_configs(draft_ks: Sequence[int] = DRAFT_SIMPLE_KS) -> list[ServerConf
 def find_server(folder: str | Path) -> Path:
     path = Path(folder).expanduser() / SERVER
     if not path.is_file() or not os.access(path, os.X_OK):
-        raise ConfigError(f"no runnable {SERVER} in {folder}; build it with `make llama-cpp-tools` and pass its bin folder")
+        raise ConfigError(
+            f"no runnable {SERVER} in {folder}; build it with `make llama-cpp-tools` and pass its bin folder"
+        )
     return path
 
 
@@ -116,7 +119,9 @@ class LlamaServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 tail = (self.process.stderr.read() or "").strip().splitlines()[-3:]
-                raise ModelError(f"{SERVER} ({self.config.name}) exited with {self.process.returncode}: {' / '.join(tail)}")
+                raise ModelError(
+                    f"{SERVER} ({self.config.name}) exited with {self.process.returncode}: {' / '.join(tail)}"
+                )
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as reply:
                     if reply.status == 200:
@@ -154,7 +159,8 @@ class LlamaServer:
 
 
 def start_servers(folder: str | Path, configs: Sequence[ServerConfig], target: Path, draft: Path | None,
-                  threads: int, n_ctx: int, use_mmap: bool, extra_buffers: bool = True) -> dict[str, LlamaServer]:  # fmt: skip
+                  threads: int, n_ctx: int, use_mmap: bool,
+                  extra_buffers: bool = True) -> dict[str, LlamaServer]:  # fmt: skip
     """Start every configuration's server, then wait for all of them (they load in parallel)."""
     binary = find_server(folder)
     servers: dict[str, LlamaServer] = {}

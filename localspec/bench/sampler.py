@@ -82,7 +82,9 @@ def table(rows: list[Row]) -> str:
         "|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r.vocab:,} | {r.k} | {r.mode} | {r.verify_us:,.0f} | {r.draft_pick_us:,.0f} | {r.accepted:.2f} |")
+        lines.append(
+            f"| {r.vocab:,} | {r.k} | {r.mode} | {r.verify_us:,.0f} | {r.draft_pick_us:,.0f} | {r.accepted:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -98,5 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     target = next((r for r in rows if r.vocab == 49_152 and r.k == 4 and r.mode == "rejection"), None)
     if target is not None:
         verdict = "meets" if target.verify_us <= 1000 else "MISSES"
-        print(f"\nrejection, V=49,152, K=4: {target.verify_us:,.0f} µs per verification step — {verdict} the 1 ms target")
+        print(
+            f"\nrejection, V=49,152, K=4: {target.verify_us:,.0f} µs per verification step — {verdict} the 1 ms target"
+        )
     return 0

@@ -36,14 +36,19 @@ def build_lines(build: dict) -> list[str]:
         f"llama-cpp-python {build['version']}",
         f"system info: {info}",
         "build flags: llamafile sgemm "
-        + ("ON — batched F32/F16 logits are not bit-identical; rebuild with `make install`" if llamafile
-           else "off (GGML_LLAMAFILE=OFF, as intended)"),
+        + (
+            "ON — batched F32/F16 logits are not bit-identical; rebuild with `make install`"
+            if llamafile
+            else "off (GGML_LLAMAFILE=OFF, as intended)"
+        ),
         "tiled K-quant matmul: " + _tiled_line(build),
     ]
+    lines.append("localspec patches in the library: " + (" ".join(build["patches"]) or "none (a stock build)"))
     stamp = build["stamp"]
     if stamp:
-        patches = stamp.get("patches") or "none"
-        lines.append(f"installed wheel: {stamp.get('wheel', '?')} built with CMAKE_ARGS={stamp.get('cmake_args', '?')!r}, patches: {patches}")
+        lines.append(
+            f"installed wheel: {stamp.get('wheel', '?')} built with CMAKE_ARGS={stamp.get('cmake_args', '?')!r}"
+        )
     else:
         lines.append("installed wheel: no build record (not installed by `make install`)")
     return lines
@@ -53,7 +58,10 @@ def _tiled_line(build: dict) -> str:
     if not build["tiled_matmul"]:
         return "off (GGML_CPU_TILED_MM=0, so every batch size computes like one row)"
     if build["tiled_invariant"]:
-        return "on for Q4_K, Q5_K and Q6_K, whose single rows localspec's patch rounds like it (cheaper batches of 8+ rows)"
+        return (
+            "on for Q4_K, Q5_K and Q6_K, whose single rows localspec's patch rounds like it "
+            "(cheaper batches of 8+ rows)"
+        )
     return "ON (GGML_CPU_TILED_MM) — batches of 8+ rows round differently from single rows; unset it"
 
 

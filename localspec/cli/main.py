@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import click
 
@@ -170,7 +171,9 @@ def cli(ctx: click.Context, config_path: str | None, verbose: bool) -> None:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a JSONL trace here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @click.pass_obj
-def generate(state: AppState, prompt: str, stop: tuple[str, ...], trace_path: str | None, as_json: bool, **kwargs: Any) -> None:
+def generate(
+    state: AppState, prompt: str, stop: tuple[str, ...], trace_path: str | None, as_json: bool, **kwargs: Any
+) -> None:
     """Generate a reply to PROMPT ('-' reads standard input)."""
     from localspec.app.conversation import stats_line
     from localspec.app.trace import Trace, trace_header
@@ -179,7 +182,9 @@ def generate(state: AppState, prompt: str, stop: tuple[str, ...], trace_path: st
     if any(not s for s in stop):
         raise ConfigError("--stop '' is an empty stop string, which would end every reply at once; give some text")
     if trace_path and not Path(trace_path).resolve().parent.is_dir():
-        raise ConfigError(f"--trace {trace_path}: the folder {Path(trace_path).resolve().parent} does not exist; create it first")
+        raise ConfigError(
+            f"--trace {trace_path}: the folder {Path(trace_path).resolve().parent} does not exist; create it first"
+        )
     prompt = _readable(sys.stdin.buffer.read() if prompt == "-" else os.fsencode(prompt))
     ensure_models(config)
     engine = load_engine(config, state.verbose)
@@ -206,7 +211,10 @@ def generate(state: AppState, prompt: str, stop: tuple[str, ...], trace_path: st
         sys.stdout.write("\n")
         reason = result["stop_reason"]
         if reason == "context_full":
-            err(f"note: the context ({engine.target.context_size} tokens) is full; the reply ends here — raise --ctx for more")
+            err(
+                f"note: the context ({engine.target.context_size} tokens) is full; "
+                "the reply ends here — raise --ctx for more"
+            )
         if state.verbose or reason in ("cancelled", "context_full"):
             err(stats_line(trace.stats(), reason, engine.target_seconds_during(trace.steps)))
     finally:
@@ -225,7 +233,12 @@ def models() -> None:
 
 
 @models.command("prepare")
-@click.option("--pair", "pairs", multiple=True, help="Catalog pair to build offline (repeatable; default: the active pair and the demo pairs).")
+@click.option(
+    "--pair",
+    "pairs",
+    multiple=True,
+    help="Catalog pair to build offline (repeatable; default: the active pair and the demo pairs).",
+)
 @click.option("--with-test-models", is_flag=True, help="Also fetch the models the test suite needs (Gemma-3 270M).")
 @click.pass_obj
 def models_prepare(state: AppState, pairs: tuple[str, ...], with_test_models: bool) -> None:
@@ -238,7 +251,10 @@ def models_prepare(state: AppState, pairs: tuple[str, ...], with_test_models: bo
     with progress_bar() as (progress, say):
         preparer = Preparer(catalog, say=say, progress=progress)
         preparer.prepare_pairs(chosen)
-    err(f"models ready in {catalog.models_dir}" + (f": {', '.join(preparer.actions)}" if preparer.actions else " (nothing to do)"))
+    err(
+        f"models ready in {catalog.models_dir}"
+        + (f": {', '.join(preparer.actions)}" if preparer.actions else " (nothing to do)")
+    )
 
 
 @models.command("list")
@@ -398,7 +414,13 @@ def chat(state: AppState, no_color: bool, show_status: bool | None, **kwargs: An
 @click.option("--variants", type=str, default=None,
               help="Comma-separated subset of: target-only, greedy, rejection, invariant, token-match, "
                    "prompt-lookup, adaptive, hybrid, hybrid-greedy (default: all).")  # fmt: skip
-@click.option("--prompts", "prompt_names", type=str, default=None, help="Comma-separated subset of: chat, essay, code, summarise, edit.")
+@click.option(
+    "--prompts",
+    "prompt_names",
+    type=str,
+    default=None,
+    help="Comma-separated subset of: chat, essay, code, summarise, edit.",
+)
 @click.option("--draft-tokens", "-k", type=int, default=None, help="K of the fixed-K variants (default: config).")
 @click.option("--max-k", type=int, default=8, show_default=True, help="Upper bound of the adaptive-K variant.")
 @click.option("--temperature", "-t", type=float, default=None, help="T of the sampling variants (default 0.7).")

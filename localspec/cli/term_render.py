@@ -54,7 +54,7 @@ class TokenStyle:
     markers: bool
 
     @classmethod
-    def choose(cls, no_color_flag: bool, show_status: bool | None, stdout_is_tty: bool) -> "TokenStyle":
+    def choose(cls, no_color_flag: bool, show_status: bool | None, stdout_is_tty: bool) -> TokenStyle:
         """``show_status`` None = automatic: markers when a terminal gets no colour, none for pipes."""
         colour = colour_wanted(no_color_flag, stdout_is_tty)
         markers = (stdout_is_tty and not colour) if show_status is None else show_status
@@ -82,7 +82,9 @@ class TokenStyle:
     def legend(self) -> str:
         """The one-line key to what the statuses look like in the current style."""
         if not self.colour and not self.markers:
-            return "legend: token fates are not shown (plain text); use --show-status for [corrected] and {bonus} markers"
+            return (
+                "legend: token fates are not shown (plain text); use --show-status for [corrected] and {bonus} markers"
+            )
         parts = []
         for status in (TokenStatus.ACCEPTED, TokenStatus.CORRECTED, TokenStatus.BONUS, TokenStatus.TARGET):
             sample = self.token(status.value, status)

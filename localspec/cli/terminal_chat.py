@@ -106,7 +106,8 @@ SETTING_COMMANDS: dict[str, str] = {
 
 def help_text() -> str:
     """The /help screen: the fixed commands, then one line per setting command from its declaration."""
-    lines = ["commands:", "  /help              this list", "  /reset             forget the conversation (and its /stats)",
+    lines = ["commands:", "  /help              this list",
+             "  /reset             forget the conversation (and its /stats)",
              "  /system [TEXT]     show or set the system prompt (/system default = the template's own)"]  # fmt: skip
     for command, key in SETTING_COMMANDS.items():
         info = describe(key)
@@ -320,7 +321,9 @@ class ChatSession:
 def run_chat(engine, config: Config, no_color: bool = False, show_status: bool | None = None) -> int:
     """Entry point used by the CLI: pick the rendering and the input method, then chat."""
     if not config.chat.chat_template:
-        raise ConfigError("localspec chat needs the model's chat template; drop --raw (raw prompts: localspec generate --raw)")
+        raise ConfigError(
+            "localspec chat needs the model's chat template; drop --raw (raw prompts: localspec generate --raw)"
+        )
     stdout_tty = sys.stdout.isatty()
     stdin_tty = sys.stdin.isatty()
     style = TokenStyle.choose(no_color, show_status, stdout_tty)

@@ -542,8 +542,16 @@ class AdaptiveK:
         )
 
     def observe(
-        self, drafted: int, accepted: int, examined: int, draft_s: float, verify_s: float, other_s: float,
-        source: str = MODEL, catch_up_s: float = 0.0, backlog: int = 0,
+        self,
+        drafted: int,
+        accepted: int,
+        examined: int,
+        draft_s: float,
+        verify_s: float,
+        other_s: float,
+        source: str = MODEL,
+        catch_up_s: float = 0.0,
+        backlog: int = 0,
     ) -> None:
         """Feed back what one step did and cost (``drafted`` = tokens actually proposed; ``catch_up_s`` =
         the one-off part of a model step's draft seconds, spent reading ``backlog`` tokens it sat out).
@@ -568,4 +576,3 @@ class AdaptiveK:
     @property
     def mean_k(self) -> float:
         return sum(self.history) / len(self.history) if self.history else 0.0
-

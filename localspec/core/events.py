@@ -7,9 +7,10 @@ fate recorded everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any, Callable, Iterable
+from typing import Any
 
 
 class TokenStatus(str, Enum):
@@ -101,7 +102,7 @@ class StepEvent:
         return out
 
 
-def step_field(step: "StepEvent | dict[str, Any]") -> Callable[..., Any]:
+def step_field(step: StepEvent | dict[str, Any]) -> Callable[..., Any]:
     """``get(name, default)`` for a step as the loop made it or as a trace read it back (a dict)."""
     return step.get if isinstance(step, dict) else lambda name, default=None: getattr(step, name, default)
 
@@ -131,7 +132,7 @@ class GenerationStats:
     # per draft source ("model", "lookup"): [steps, drafted, accepted] (a hybrid drafter uses both)
     by_source: dict[str, list[int]] = field(default_factory=dict)
 
-    def add_step(self, step: "StepEvent | dict[str, Any]") -> None:
+    def add_step(self, step: StepEvent | dict[str, Any]) -> None:
         """Count one step. The loop counts with this as it goes, and :meth:`from_steps` with it from a
         trace, so a live reply, a saved one and a replayed one report the same numbers."""
         get = step_field(step)
@@ -157,7 +158,7 @@ class GenerationStats:
             counts[2] += n_kept
 
     @classmethod
-    def from_steps(cls, steps: "Iterable[StepEvent | dict[str, Any]]", **known: Any) -> "GenerationStats":
+    def from_steps(cls, steps: Iterable[StepEvent | dict[str, Any]], **known: Any) -> GenerationStats:
         """The counters of a reply rebuilt from its steps (``known``: mode, drafter, seed, k, n_prompt…)."""
         stats = cls(**known)
         for step in steps:
@@ -165,7 +166,7 @@ class GenerationStats:
         return stats
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "GenerationStats":
+    def from_dict(cls, data: dict[str, Any]) -> GenerationStats:
         """Read back :meth:`to_dict` (derived numbers are recomputed, not read)."""
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 

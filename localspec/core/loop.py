@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -137,7 +137,9 @@ class _Request:
         match = None
         if self.options.lookup or not has_model:
             match = self.drafter.lookup(self.context, self.edits)
-        offered = None if self.unconfirmed is not None else match  # no bet on a match that runs through an unconfirmed edit
+        offered = (
+            None if self.unconfirmed is not None else match
+        )  # no bet on a match that runs through an unconfirmed edit
         if self.controller is not None:
             self.backlog = self.drafter.backlog(self.context) if has_model else 0
             plan = self.controller.choose(offered, model=has_model, backlog=self.backlog)
@@ -257,9 +259,11 @@ class SpeculativeDecoder:
         yield from _released(request.reply, request.text.finish())
         request.stats.wall_s = time.perf_counter() - request.started
         reply = request.reply
-        yield GenerationResult(request.text.text, list(reply.token_ids), list(reply.statuses), stop_reason, request.stats)
+        yield GenerationResult(
+            request.text.text, list(reply.token_ids), list(reply.statuses), stop_reason, request.stats
+        )
 
-    def _begin(self, prompt: Sequence[int], params: SamplingParams, options: GenerationOptions) -> "_Request":
+    def _begin(self, prompt: Sequence[int], params: SamplingParams, options: GenerationOptions) -> _Request:
         """Check the prompt, set up the request, and bring both caches up to it (KV reuse across turns)."""
         context = list(prompt)
         n_ctx = self.target.context_size
@@ -267,8 +271,7 @@ class SpeculativeDecoder:
             raise ConfigError("the prompt is empty; give at least one token (or enable the chat template)")
         if len(context) >= n_ctx:
             raise PromptTooLongError(
-                f"the prompt has {len(context)} tokens but the context holds {n_ctx}; "
-                "shorten it or raise model.n_ctx"
+                f"the prompt has {len(context)} tokens but the context holds {n_ctx}; shorten it or raise model.n_ctx"
             )
         drafter = None if options.mode == "target-only" else self.drafter
         mode = make_mode(options.mode, params, np.random.default_rng(options.seed), self.vocab_size,
@@ -292,7 +295,7 @@ class SpeculativeDecoder:
         stats.prefill_s = time.perf_counter() - request.started
         return request
 
-    def _step(self, request: "_Request") -> Iterator[TokenEvent | StepEvent]:
+    def _step(self, request: _Request) -> Iterator[TokenEvent | StepEvent]:
         """Draft, verify, emit: one step. Returns why the reply ended inside it (eos / stop_string), or None."""
         context, mode, drafter, stats = request.context, request.mode, request.drafter, request.stats
         plan, match = request.next_plan()
@@ -332,7 +335,9 @@ class SpeculativeDecoder:
                 break
             context.append(token)
             n_added += 1
-            event = _token_event(request.reply, position + offset, request.step, token, statuses[offset], verdict, offset)
+            event = _token_event(
+                request.reply, position + offset, request.step, token, statuses[offset], verdict, offset
+            )
             request.reply.events.append(event)
             yield from _released(request.reply, request.text.push(token))
             if request.text.stopped:
@@ -399,7 +404,9 @@ class SpeculativeDecoder:
                 if display is None:
                     display = mode.params if not mode.params.greedy else _display_params(mode.params)
                 history = mode.history(context, draft.tokens, i)
-                p_row = judged[i] if judged is not None else weights(target_logits[i], display, history, self.vocab_size)
+                p_row = (
+                    judged[i] if judged is not None else weights(target_logits[i], display, history, self.vocab_size)
+                )
                 record.top_p = self._top(p_row, top)
                 if is_draft_row:
                     record.p = p_row.prob(draft.tokens[i]) if record.p is None else record.p

@@ -13,7 +13,8 @@ evaluates ``[last, d_1 .. d_K]`` in one batch and gets ``K + 1`` rows of logits.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 

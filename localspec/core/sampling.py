@@ -14,8 +14,8 @@ values alone and never of a sort order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -35,7 +35,9 @@ class SamplingParams:
     top_k: int = setting(0, "keep the k most likely tokens; 0 = off", 0, None)
     top_p: float = setting(1.0, "keep the smallest set with this much mass; 1 = off", 0.0, 1.0, lo_open=True)
     min_p: float = setting(0.0, "drop tokens below min_p x the top probability; 0 = off", 0.0, 0.999)
-    repeat_penalty: float = setting(1.0, "divide logits of recent tokens (llama.cpp rule); 1 = off", 0.0, 10.0, lo_open=True)
+    repeat_penalty: float = setting(
+        1.0, "divide logits of recent tokens (llama.cpp rule); 1 = off", 0.0, 10.0, lo_open=True
+    )
     presence_penalty: float = setting(0.0, "subtract from logits of recent tokens; 0 = off", -10.0, 10.0)
     frequency_penalty: float = setting(0.0, "subtract count x this from logits of recent tokens; 0 = off", -10.0, 10.0)
     penalty_last_n: int = setting(64, "how many recent tokens the penalties look at", 0, 1_000_000)
@@ -300,8 +302,9 @@ class Weights:
 
     Built by :meth:`of_logits`, the row is never written whole unless asked
     for (``w``, ``dense``): a probability computes its one element, a draw
-    finds its slice from the slice sums and reads that slice alone. Each slice is computed by the same operations on the same inputs
-    every time, so every path sees the same numbers.
+    finds its slice from the slice sums and reads that slice alone. Each
+    slice is computed by the same operations on the same inputs every time,
+    so every path sees the same numbers.
     """
 
     __slots__ = ("_w", "total", "_dense", "_raw", "_best", "_scale", "_masses", "_parts")
@@ -314,7 +317,7 @@ class Weights:
         self._set_total(float(w.sum()))
 
     @classmethod
-    def of_logits(cls, raw: np.ndarray, best: float, scale: float) -> "Weights":
+    def of_logits(cls, raw: np.ndarray, best: float, scale: float) -> Weights:
         """``exp((raw - best) * scale)`` in float64, as sums of slices; no full row is written. Keeps
         ``raw`` (read again for a probability or a draw): the caller must not change it."""
         self = cls.__new__(cls)
@@ -330,7 +333,7 @@ class Weights:
             self._raw = copy
 
     @classmethod
-    def residual(cls, p: "Weights", q: "Weights") -> "Weights":
+    def residual(cls, p: Weights, q: Weights) -> Weights:
         """``max(0, p / p.total - q / q.total)``, unnormalised (the residual of docs/design.md, Verification
         rules): with both rows in slices, slice by slice like :meth:`of_logits`, so a rejection writes no
         full row either (the dense rows, their difference and its cumulative sums were seven passes over 1.2 MB each at
@@ -475,11 +478,12 @@ def draft_weights(
 
     Rejection sampling is exact for any proposal, provided the token is drawn from the very ``q`` the
     rule divides by and the residual subtracts (docs/design.md, Verification rules), and this one is: a
-    :class:`HeadWeights` that draws, and answers ``q(d)``, from the same few weights. What it saves is the draft's full-vocabulary
-    pass: normalising ``q`` over 151,936 tokens in float64 and drawing from it cost ~0.4 ms a drafted
-    token in the real pair's loop, about a sixth of a step's orchestration; the kept head costs one
-    comparison over the row. What the cut tokens would have won, the renormalised head wins back:
-    acceptance did not drop (see :data:`DRAFT_FLOOR`). ``floor = 0`` keeps the full distribution."""
+    :class:`HeadWeights` that draws, and answers ``q(d)``, from the same few weights. What it saves is the
+    draft's full-vocabulary pass: normalising ``q`` over 151,936 tokens in float64 and drawing from it
+    cost ~0.4 ms a drafted token in the real pair's loop, about a sixth of a step's orchestration; the
+    kept head costs one comparison over the row. What the cut tokens would have won, the renormalised
+    head wins back: acceptance did not drop (see :data:`DRAFT_FLOOR`). ``floor = 0`` keeps the full
+    distribution."""
     if floor <= 0.0 or params.greedy:
         return weights(logits, params, history, vocab_size)
     size = vocab_size if vocab_size is not None else len(logits)

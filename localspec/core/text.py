@@ -12,8 +12,8 @@ step.
 from __future__ import annotations
 
 import codecs
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 
 @dataclass

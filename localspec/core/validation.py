@@ -10,8 +10,9 @@ config.yaml, a command-line flag or the UI.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import Field, field, fields
-from typing import Any, Sequence
+from typing import Any
 
 from localspec.core.errors import ConfigError
 
@@ -56,9 +57,11 @@ def check_value(f: Field, value: Any, key: str) -> Any:
         raise ConfigError(f"{key} = {value!r} is not allowed; use {allowed_text(f)}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         lo, hi = meta.get("lo"), meta.get("hi")
-        bad = (isinstance(value, float) and not math.isfinite(value)) or (
-            lo is not None and (value <= lo if meta.get("lo_open") else value < lo)
-        ) or (hi is not None and value > hi)
+        bad = (
+            (isinstance(value, float) and not math.isfinite(value))
+            or (lo is not None and (value <= lo if meta.get("lo_open") else value < lo))
+            or (hi is not None and value > hi)
+        )
         if bad:
             raise ConfigError(f"{key} = {value!r} is out of range; allowed: {allowed_text(f)}")
     return value

@@ -20,8 +20,8 @@ one :class:`DraftCheck` per examined draft token for traces and the UI.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 

@@ -23,9 +23,9 @@ import functools
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -41,7 +41,15 @@ from localspec.llama.placement import (
 from localspec.llama.runtime import C, compute, log, offload_devices
 
 GGUF_MAGIC = b"GGUF"
-_VOCAB_TYPES = {0: "none", 1: "SentencePiece (SPM)", 2: "byte-level BPE", 3: "WordPiece", 4: "Unigram (T5)", 5: "RWKV", 6: "PLaMo-2"}
+_VOCAB_TYPES = {
+    0: "none",
+    1: "SentencePiece (SPM)",
+    2: "byte-level BPE",
+    3: "WordPiece",
+    4: "Unigram (T5)",
+    5: "RWKV",
+    6: "PLaMo-2",
+}
 
 
 @dataclass(frozen=True)
@@ -69,7 +77,7 @@ class LlamaSettings:
 
 def check_gguf_file(path: Path, role: str) -> None:
     """Fail early, with a fix, for the common bad files: missing, a folder, not GGUF, too short."""
-    hint = "run `localspec models prepare` for the demo pair, or set model.%s in config.yaml" % role
+    hint = f"run `localspec models prepare` for the demo pair, or set model.{role} in config.yaml"
     if not path.exists():
         raise ModelError(f"{role} model {path} does not exist; {hint}")
     if path.is_dir():
@@ -124,7 +132,9 @@ class LlamaModel:
         self._n_batch = int(C.llama_n_batch(self._ctx))  # and caps the batch at the requested n_ctx
         self._batch = C.llama_batch_init(self._n_batch, 0, 1)
         # one row per decode only where the AMX buffer really holds weights (see weight_placement)
-        self.rows_per_decode = 1 if self.placement.one_row_per_decode and "AMX" in self.weight_buffers else self._n_batch
+        self.rows_per_decode = (
+            1 if self.placement.one_row_per_decode and "AMX" in self.weight_buffers else self._n_batch
+        )
         self._tokens: list[int] = []
         self._pieces: dict[int, bytes] = {}
         self._decode_s = 0.0

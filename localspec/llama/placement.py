@@ -167,7 +167,8 @@ def llama_cpp_default_runs() -> bool:
 
 
 AMX_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")  # ggml-cpu/amx/common.h, qtype_has_amx_kernels
-AMX_SHARE = 0.9  # share of a model's matrix bytes the AMX buffer (a target: its streamed kernels) must hold to get it (see above)
+# share of a model's matrix bytes the AMX buffer (a target: its streamed kernels) must hold to get it (see above)
+AMX_SHARE = 0.9
 STREAMED_TYPES = ("Q4_0", "Q4_K", "Q6_K")  # the types with batch kernels in localspec's streamed-rows patch
 
 

@@ -8,8 +8,19 @@ from pathlib import Path
 from localspec.core.errors import ModelError
 from localspec.llama.runtime import C, log
 
-_FTYPES = {"F32": "LLAMA_FTYPE_ALL_F32", "F16": "LLAMA_FTYPE_MOSTLY_F16", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
-           "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "Q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}  # fmt: skip
+_FTYPES = {
+    "F32": "LLAMA_FTYPE_ALL_F32",
+    "F16": "LLAMA_FTYPE_MOSTLY_F16",
+    "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+    "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+    "Q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1",
+    "Q5_0": "LLAMA_FTYPE_MOSTLY_Q5_0",
+    "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+    # with ``pure``, every matrix in that one type (the kernel tests)
+    "Q4_K": "LLAMA_FTYPE_MOSTLY_Q4_K_S",
+    "Q5_K": "LLAMA_FTYPE_MOSTLY_Q5_K_S",
+    "Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K",
+}
 
 
 def quantize(source: Path, destination: Path, kind: str, threads: int = 0, pure: bool = False) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from localspec.llama.model import LlamaSettings, choose_placement
 from localspec.llama.placement import apply_placement
@@ -22,7 +22,9 @@ class ReferenceGenerator:
     only module that imports llama_cpp.
     """
 
-    def __init__(self, path: str | Path, settings: LlamaSettings, num_pred_tokens: int = 10, max_ngram_size: int = 2) -> None:
+    def __init__(
+        self, path: str | Path, settings: LlamaSettings, num_pred_tokens: int = 10, max_ngram_size: int = 2
+    ) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -62,7 +64,9 @@ class ReferenceGenerator:
         self.llm.draft_model = self.lookup if prompt_lookup else None
         n = 0
         first = last = 0.0
-        for token in self.llm.generate(list(tokens), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        for token in self.llm.generate(
+            list(tokens), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True
+        ):
             now = time.perf_counter()
             if C.llama_vocab_is_eog(self._vocab, token):
                 break

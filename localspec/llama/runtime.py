@@ -18,18 +18,17 @@ import re
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from localspec.core.errors import ModelError
 
 try:
     import llama_cpp.llama_cpp as C  # noqa: N812 - the C API, named as in llama.cpp's docs
 except ImportError as _error:  # pragma: no cover - exercised only on a broken install
-    raise ModelError(
-        f"llama-cpp-python is not importable ({_error}); run `make install` to build it"
-    ) from None
+    raise ModelError(f"llama-cpp-python is not importable ({_error}); run `make install` to build it") from None
 
 # llama.cpp's CPU backend computes K-quant matmuls of 8 or more rows with a "tiled" kernel and
 # fewer rows with vec_dot. Stock, the two round differently (Qwen2.5 Q4_K_M: max |diff| 0.38-0.59 at
@@ -43,11 +42,12 @@ except ImportError as _error:  # pragma: no cover - exercised only on a broken i
 # kernel turned off. Read once by llama.cpp at its first matmul; an explicit GGML_CPU_TILED_MM wins
 # (the doctor says what it does).
 TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
-TILED_PATCH = "kquant-vec-dot-tiled-invariant"  # in the name of the patch that makes the tiled kernel invariant
+TILED_PATCH = "kquant_vec_dot_tiled_invariant"  # the patch that makes the tiled kernel invariant (build_patches)
 EXTRA_BUFFERS_ENV = "LOCALSPEC_EXTRA_BUFFERS"  # 1: extra buffers (AMX tiles included) for both models; 0: none
 AMX_NO_TILES_ENV = "GGML_AMX_NO_TILES"  # read by localspec's AMX patches: batches in the AMX buffer without tiles
-AMX_ROWS_PATCH = "speed-amx-rows-without-tiles"  # in the name of that patch
-AMX_STREAMED_PATCH = "speed-amx-streamed-rows"  # in the name of the patch with batch kernels on top of it
+AMX_ROWS_PATCH = "speed_amx_rows_without_tiles"  # the patch that reads that variable
+AMX_STREAMED_PATCH = "speed_amx_streamed_rows"  # the patch with batch kernels on top of it
+PATCH_SYMBOL = "localspec_patch_"  # each patch exports localspec_patch_<its name> (patches/series)
 
 
 class ComputeThread:
@@ -116,7 +116,7 @@ class LlamaLog:
 
     def last_error(self) -> str:
         """The most recent line that looks like an error, without llama.cpp's function prefix."""
-        for level, line in reversed(self.lines):
+        for _level, line in reversed(self.lines):
             low = line.lower()
             if "error" in low or "failed" in low or "invalid" in low or "not within" in low:
                 text = line.strip()
@@ -162,13 +162,32 @@ def build_stamp() -> dict | None:
         return None
 
 
+@functools.cache
+def build_patches() -> tuple[str, ...]:
+    """localspec's patches in the llama.cpp this process loaded, as each announces itself: an exported
+    symbol ``localspec_patch_<name>`` (``-`` as ``_``) in the ggml library it changes. Names are found in
+    the libraries' bytes and each confirmed by looking the symbol up; a stock build has none."""
+    import llama_cpp
+
+    found: set[str] = set()
+    for library in sorted((Path(llama_cpp.__file__).parent / "lib").glob("*ggml*")):
+        if library.is_symlink() or not library.is_file():
+            continue
+        names = {m.decode() for m in re.findall(rb"localspec_patch_(\w+)", library.read_bytes())}
+        if names:
+            loaded = ctypes.CDLL(str(library))
+            found |= {name for name in names if hasattr(loaded, PATCH_SYMBOL + name)}
+    return tuple(sorted(found))
+
+
 def tiled_matmul_invariant() -> bool:
     """Whether the installed build rounds single rows like the tiled matmul (localspec's K-quant patch)."""
-    return TILED_PATCH in (build_stamp() or {}).get("patches", "")
+    return TILED_PATCH in build_patches()
 
 
 def extra_buffers_choice() -> str:
-    """The user's ``LOCALSPEC_EXTRA_BUFFERS``: "1" (AMX tiles work here), "0" (no extra buffers), or "" (localspec decides)."""
+    """The user's ``LOCALSPEC_EXTRA_BUFFERS``: "1" (AMX tiles work here), "0" (no extra buffers), or ""
+    (localspec decides)."""
     return os.environ.get(EXTRA_BUFFERS_ENV, "").strip()
 
 
@@ -178,14 +197,14 @@ def amx_rows_without_tiles() -> bool:
     AVX512-VNNI kernels while a block of weights is in cache, so the weights are read once per batch
     and every row equals the same row decoded alone). Without it, a model in that buffer on a CPU
     whose tiles die must be fed one row per decode (see :func:`~localspec.llama.placement.weight_placement`)."""
-    return AMX_ROWS_PATCH in (build_stamp() or {}).get("patches", "")
+    return AMX_ROWS_PATCH in build_patches()
 
 
 def amx_streamed_rows() -> bool:
     """Whether the installed build has localspec's streamed-rows patch on top of :func:`amx_rows_without_tiles`'s:
     batches in the AMX buffer take up to 4 rows per pass over the weights (Q4_0, Q4_K, Q6_K), in memory
     order with a prefetch, each row bit-identical to the one-row kernel's."""
-    return AMX_STREAMED_PATCH in (build_stamp() or {}).get("patches", "")
+    return AMX_STREAMED_PATCH in build_patches()
 
 
 def tiled_matmul_enabled() -> bool:
@@ -201,8 +220,16 @@ def llama_cpp_version() -> str:
     return getattr(llama_cpp, "__version__", "unknown")
 
 
+@functools.cache
 def gpu_offload_supported() -> bool:
-    return bool(C.llama_supports_gpu_offload())
+    """Whether this build has a local GPU backend (CUDA, Metal, ...). ``llama_supports_gpu_offload`` says yes
+    for the RPC backend too, which offloads to other machines (:mod:`localspec.llama.rpc`)."""
+    start()
+    lib = _ggml()
+    backends = {
+        _text(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i))) for i in range(lib.ggml_backend_reg_count())
+    }
+    return bool(backends - {"CPU", "RPC"})
 
 
 DEVICE_KINDS = ("CPU", "GPU", "IGPU", "ACCEL", "META")  # ggml_backend_dev_type, in its order
@@ -282,6 +309,11 @@ def _ggml():
         ("ggml_backend_dev_type", ctypes.c_int, [voidp]),
         ("ggml_backend_dev_memory", None, [voidp, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]),
         ("ggml_backend_reg_name", ctypes.c_char_p, [voidp]),
+        ("ggml_backend_reg_count", ctypes.c_size_t, []),
+        ("ggml_backend_reg_get", voidp, [ctypes.c_size_t]),
+        ("ggml_backend_reg_by_name", voidp, [ctypes.c_char_p]),
+        ("ggml_backend_reg_dev_count", ctypes.c_size_t, [voidp]),
+        ("ggml_backend_reg_dev_get", voidp, [voidp, ctypes.c_size_t]),
         ("ggml_backend_dev_backend_reg", voidp, [voidp]),
         ("ggml_backend_reg_get_proc_address", voidp, [voidp, ctypes.c_char_p]),
         ("ggml_backend_buft_name", ctypes.c_char_p, [voidp]),
@@ -320,8 +352,18 @@ def gguf_tensor_table(path: str) -> tuple[tuple[str, str, int, int, int], ...]:
         for index in range(lib.gguf_get_n_tensors(context)):
             name = lib.gguf_get_tensor_name(context, index)
             tensor = lib.ggml_get_tensor(tensors, name)
-            kind = lib.ggml_type_name(lib.gguf_get_tensor_type(context, index)).decode().upper()  # "Q4_K", as GGML_TYPE_Q4_K
-            table.append((name.decode(), kind, lib.ggml_n_dims(tensor), lib.ggml_nrows(tensor), lib.gguf_get_tensor_size(context, index)))
+            kind = (
+                lib.ggml_type_name(lib.gguf_get_tensor_type(context, index)).decode().upper()
+            )  # "Q4_K", as GGML_TYPE_Q4_K
+            table.append(
+                (
+                    name.decode(),
+                    kind,
+                    lib.ggml_n_dims(tensor),
+                    lib.ggml_nrows(tensor),
+                    lib.gguf_get_tensor_size(context, index),
+                )
+            )
         return tuple(table)
     finally:
         lib.gguf_free(context)
@@ -341,7 +383,9 @@ def cpu_extra_buffer_types() -> dict[str, int]:
     libggml = _ggml()
     voidp = ctypes.c_void_p
     device = libggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
-    address = libggml.ggml_backend_reg_get_proc_address(libggml.ggml_backend_dev_backend_reg(device), b"ggml_backend_dev_get_extra_bufts")
+    address = libggml.ggml_backend_reg_get_proc_address(
+        libggml.ggml_backend_dev_backend_reg(device), b"ggml_backend_dev_get_extra_bufts"
+    )
     if not device or not address:
         return {}
     listed = ctypes.CFUNCTYPE(ctypes.POINTER(voidp), voidp)(address)(device)  # NULL-terminated

@@ -25,9 +25,10 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -118,7 +119,11 @@ class Api:
                     elif isinstance(event, GenerationResult):
                         if pending:
                             yield _piece(pending, None)
-                        yield {"result": event, "turn": conversation.turns[-1], "trace": self._save(conversation, config, want_trace)}
+                        yield {
+                            "result": event,
+                            "turn": conversation.turns[-1],
+                            "trace": self._save(conversation, config, want_trace),
+                        }
             finally:
                 self._recent_s = (self._recent_s + [time.perf_counter() - started])[-16:]
         turn = conversation.turns[-1] if conversation.turns else None
@@ -256,7 +261,9 @@ async def respond(api: Api, request: Request, body, conversation: Conversation, 
     try:
         prepared, _, _ = conversation.prompt(api.engine, config, user)
     except PromptTooLongError as error:
-        raise ApiError(400, str(error), "messages" if kind == "chat.completion" else "prompt", "context_length_exceeded") from None
+        raise ApiError(
+            400, str(error), "messages" if kind == "chat.completion" else "prompt", "context_length_exceeded"
+        ) from None
     del prepared
     try:
         ticket = api.gate.ticket()
@@ -264,7 +271,9 @@ async def respond(api: Api, request: Request, body, conversation: Conversation, 
         raise ApiError(503, f"the server is busy ({full.waiting} requests waiting); retry later", None,
                        "queue_full", "server_error", {"Retry-After": api.retry_after()}) from None  # fmt: skip
     cancel = threading.Event()
-    pieces = _run_in_thread(lambda: api.generate(conversation, config, user, stops, cancel, ticket, body.trace), cancel, api.gate)
+    pieces = _run_in_thread(
+        lambda: api.generate(conversation, config, user, stops, cancel, ticket, body.trace), cancel, api.gate
+    )
     ident = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -337,11 +346,16 @@ async def _sse(api: Api, kind: str, ident: str, pieces: AsyncIterator[dict], inc
         async for piece in pieces:
             if "result" in piece:
                 result = piece["result"]
-                yield chunk(choice_of("", FINISH.get(result.stop_reason, "stop")), {"localspec": _summary(api, result, piece["trace"], _steps_of(piece))})
+                yield chunk(
+                    choice_of("", FINISH.get(result.stop_reason, "stop")),
+                    {"localspec": _summary(api, result, piece["trace"], _steps_of(piece))},
+                )
                 if include_usage:
                     yield chunk(None, {"usage": _usage(result)})
                 break
-            yield chunk(choice_of(piece["text"], None, first), {"localspec": {"tokens": piece["tokens"], "step": piece["step"]}})
+            yield chunk(
+                choice_of(piece["text"], None, first), {"localspec": {"tokens": piece["tokens"], "step": piece["step"]}}
+            )
             first = False
     except ApiError as error:  # the status line is sent: the error goes in the stream, as OpenAI does
         yield f"data: {json.dumps(error.body())}\n\n"

@@ -11,8 +11,8 @@ a request outright (the server answers 503 with ``Retry-After``) when
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 class QueueFull(Exception):

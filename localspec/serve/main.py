@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
@@ -33,5 +34,6 @@ def run(engine, config: Config) -> None:
 
 
 def mount(app, engine: Callable[[], Any], config: Config) -> None:
-    """Add the API's routes to another FastAPI app (the UI's, for `localspec ui --api`): one engine, one copy of the weights."""
+    """Add the API's routes to another FastAPI app (the UI's, for `localspec ui --api`): one engine, one copy
+    of the weights."""
     add_routes(app, Api(engine, config, options_of(config)))  # engine: a callable giving the current one

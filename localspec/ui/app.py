@@ -23,9 +23,10 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 import weakref  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable, Iterator, NamedTuple  # noqa: E402
+from typing import Any, NamedTuple
 
 import gradio as gr  # noqa: E402  (handlers' gr.Request annotations are resolved from module globals)
 
@@ -81,7 +82,9 @@ class ChatApp:
     def __init__(self, session: Session) -> None:
         self.session = session
         self._cancels: dict[str, threading.Event] = {}
-        self._replies: weakref.WeakValueDictionary[str, Trace] = weakref.WeakValueDictionary()  # while a chat holds them
+        self._replies: weakref.WeakValueDictionary[str, Trace] = (
+            weakref.WeakValueDictionary()
+        )  # while a chat holds them
         self._live: dict[str, LiveReply] = {}  # the replies streaming now, by id
         self._busy = threading.Event()
 
@@ -120,7 +123,9 @@ class ChatApp:
                 events = state.conversation.reply(self.session.engine, config, message, cancel, config.trace.top_n)
                 next(events, None)  # settings, prompt and model errors surface here, before the turn is added
             except LocalspecError as error:
-                yield Update(render_conversation(state.turns), self._stats(state), notice_html(str(error)), state, message, None)
+                yield Update(
+                    render_conversation(state.turns), self._stats(state), notice_html(str(error)), state, message, None
+                )
                 return
             trace = state.turns[-1].trace
             state.view, state.selected = trace, None
@@ -218,7 +223,11 @@ class ChatApp:
         """summary, step table rows, three plots, token choices, selected token, top-10 html."""
         run = state.view
         choices = dv.token_choices(run)
-        selected = state.selected if state.selected is not None and run is not None and state.selected < len(run.tokens) else None
+        selected = (
+            state.selected
+            if state.selected is not None and run is not None and state.selected < len(run.tokens)
+            else None
+        )
         if selected is None and run is not None:
             selected = _first_interesting(run)
         return (
@@ -334,8 +343,12 @@ def allowed_paths(config: Config) -> list[str]:
 # How the settings panel lays out its controls (rows of config keys); what each control is —
 # dropdown, checkbox, slider or number box, its range, choices and help — comes from the declaration.
 PANEL_ROWS = (
-    ("speculative.mode",), ("sampling.temperature",), ("speculative.draft_tokens",), ("speculative.adaptive",),
-    ("sampling.top_k", "sampling.top_p", "sampling.min_p"), ("sampling.seed", "sampling.max_tokens"),
+    ("speculative.mode",),
+    ("sampling.temperature",),
+    ("speculative.draft_tokens",),
+    ("speculative.adaptive",),
+    ("sampling.top_k", "sampling.top_p", "sampling.min_p"),
+    ("sampling.seed", "sampling.max_tokens"),
     ("chat.system_prompt",),
 )
 SLIDER_STEPS = {"sampling.temperature": 0.05, "speculative.draft_tokens": 1}
@@ -449,7 +462,9 @@ def _chat_tab(app: ChatApp, startup_notice: str) -> _Chat:
                         controls.update({key: control(key, defaults[key]) for key in row})
             with gr.Accordion("Model pair", open=False):
                 target = gr.Dropdown(targets, value=targets[0], label="target (.gguf)", allow_custom_value=True)
-                draft = gr.Dropdown(drafts, value=drafts[0], label="draft (.gguf, ngram, none)", allow_custom_value=True)
+                draft = gr.Dropdown(
+                    drafts, value=drafts[0], label="draft (.gguf, ngram, none)", allow_custom_value=True
+                )
                 load = gr.Button("Load pair", elem_id="ls-load-pair")
     settings = [controls[key] for key in PANEL]  # the order Settings.from_panel reads
     return _Chat(chat, notice, message, send, stop, regenerate, clear, stats, settings, target, draft, load, stream)
@@ -517,7 +532,8 @@ def _debug_tab() -> _Debug:
     replay_box = gr.HTML(dv.replay_html(None), elem_id="ls-replay-box")
     with gr.Row():
         plots = [gr.Plot(draw(None), show_label=False)
-                 for draw in (dv.acceptance_by_position_plot, dv.running_acceptance_plot, dv.timeline_plot)]  # fmt: skip
+                 for draw in (dv.acceptance_by_position_plot, dv.running_acceptance_plot,
+                              dv.timeline_plot)]  # fmt: skip
     with gr.Row(equal_height=False):
         with gr.Column(scale=3):
             table = gr.Dataframe(headers=dv.STEP_COLUMNS, value=[], label="verified positions, step by step",
@@ -563,7 +579,9 @@ def _wire_chat(app: ChatApp, ui: _Chat, debug: _Debug, state, pending, badge) ->
                     api_name=False)  # fmt: skip
     for trigger in (ui.message.submit, ui.send.click):
         (
-            trigger(queue_message, [ui.message, state], [ui.message, ui.chat, pending], queue=False, show_progress="hidden")
+            trigger(
+                queue_message, [ui.message, state], [ui.message, ui.chat, pending], queue=False, show_progress="hidden"
+            )
             .then(respond, [pending, state, *ui.settings], outputs, **generate)
             .then(refresh, [state], debug.outputs, show_progress="hidden", api_name=False)
         )

@@ -8,7 +8,8 @@ would not be safe with Gradio's worker threads.
 from __future__ import annotations
 
 import html
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import matplotlib
 
@@ -138,7 +139,7 @@ def running_acceptance_plot(run: Trace | None) -> Figure:
         return fig
     xs, running, per_step = [], [], []
     drafted = accepted = emitted = 0
-    for step in (run.steps if run is not None else []):
+    for step in run.steps if run is not None else []:
         emitted += len(step.get("emitted", []))
         if not step.get("drafted"):
             continue
@@ -195,8 +196,8 @@ def top_table_html(run: Trace | None, index: int | None) -> str:
     row = rows_by_position(run.steps).get(token["position"])
     head = (
         f'<div class="ls-top-head"><span class="ls-tok ls-{html.escape(token.get("status", "target"))}">'
-        f'{html.escape(token.get("text") or "")}</span> token #{index + 1} · position {token["position"]} · '
-        f'{html.escape(token.get("status", ""))}</div>'
+        f"{html.escape(token.get('text') or '')}</span> token #{index + 1} · position {token['position']} · "
+        f"{html.escape(token.get('status', ''))}</div>"
     )
     if row is None or not (row.get("top_p") or row.get("top_q")):
         return head + (
@@ -207,7 +208,10 @@ def top_table_html(run: Trace | None, index: int | None) -> str:
 
     def column(title: str, entries: Sequence[dict[str, Any]], colour: str) -> str:
         if not entries:
-            return f'<div class="ls-top-col"><div class="ls-top-title">{title}</div><div class="ls-muted">not recorded</div></div>'
+            return (
+                f'<div class="ls-top-col"><div class="ls-top-title">{title}</div>'
+                '<div class="ls-muted">not recorded</div></div>'
+            )
         lines = []
         for entry in entries:
             marks = []
@@ -227,8 +231,8 @@ def top_table_html(run: Trace | None, index: int | None) -> str:
 
     evidence = (
         f'<div class="ls-top-evidence">draft token {html.escape(quote_piece(row.get("draft_text")))} · '
-        f'q = {_fmt(row.get("q"))} · p = {_fmt(row.get("p"))} · accept prob = {_fmt(row.get("accept_prob"))} · '
-        f'uniform = {_fmt(row.get("uniform"))} · outcome: {html.escape(row.get("outcome", ""))}</div>'
+        f"q = {_fmt(row.get('q'))} · p = {_fmt(row.get('p'))} · accept prob = {_fmt(row.get('accept_prob'))} · "
+        f"uniform = {_fmt(row.get('uniform'))} · outcome: {html.escape(row.get('outcome', ''))}</div>"
         if row.get("draft_token") is not None
         else '<div class="ls-top-evidence">bonus row: the target alone chose this token</div>'
     )
@@ -256,7 +260,9 @@ def replay_html(report: ReplayReport | None, message: str = "") -> str:
     kind = "ok" if report.identical else "error"
     icon = "✓" if report.identical else "✗"
     first = report.first_difference
-    body = f'<div class="ls-notice ls-notice-{kind}" id="ls-replay-verdict">{icon} {html.escape(report.explanation)}</div>'
+    body = (
+        f'<div class="ls-notice ls-notice-{kind}" id="ls-replay-verdict">{icon} {html.escape(report.explanation)}</div>'
+    )
     if not report.identical:
         body += (
             '<div class="ls-replay-cols"><div><div class="ls-top-title">with draft</div><div class="ls-bubble">'

@@ -19,8 +19,9 @@ from __future__ import annotations
 import html
 import re
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from localspec.core.perf import LOADED_FROM
 
@@ -178,7 +179,9 @@ def layout(tokens: Sequence[dict[str, Any]]) -> list[Block]:
     return blocks
 
 
-def render_spans(tokens: Sequence[dict[str, Any]], pieces: Sequence[tuple[int, int, int]], highlight: int | None = None) -> str:
+def render_spans(
+    tokens: Sequence[dict[str, Any]], pieces: Sequence[tuple[int, int, int]], highlight: int | None = None
+) -> str:
     """The spans of ``pieces``: each token coloured by its fate (class, underline, ``data-status``), its index in
     ``data-i``; its evidence is read when it is hovered (:func:`token_tooltip`), not carried in every span."""
     out = []
@@ -280,8 +283,8 @@ def render_conversation(turns: Sequence[Any], pending: str | None = None, busy: 
     """The whole chat: user bubbles in plain escaped text, assistant bubbles as token spans.
 
     ``turns`` are :class:`localspec.app.conversation.Turn` objects: ``user`` (str) and
-    ``trace`` (a :class:`localspec.app.trace.Trace`, or None while waiting). ``pending`` is a message queued behind another
-    conversation's generation (``busy``) or about to start.
+    ``trace`` (a :class:`localspec.app.trace.Trace`, or None while waiting). ``pending`` is a message
+    queued behind another conversation's generation (``busy``) or about to start.
     """
     parts: list[str] = []
     for n, turn in enumerate(turns):
@@ -297,7 +300,8 @@ def render_conversation(turns: Sequence[Any], pending: str | None = None, busy: 
             body = '<span class="ls-muted">thinking…</span><span class="ls-cursor">▍</span>'
         footer = _reply_footer(run)
         parts.append(
-            f'<div class="ls-msg ls-assistant" data-turn="{n}" data-reply="{run.id}"><div class="ls-bubble">{body}</div>'
+            f'<div class="ls-msg ls-assistant" data-turn="{n}" data-reply="{run.id}">'
+            f'<div class="ls-bubble">{body}</div>'
             f"{footer}</div>"
         )
     if pending is not None:
@@ -335,9 +339,7 @@ def _thinking_bubble() -> str:
 
 def _reply_footer(run: Any) -> str:
     counts = status_counts(run.tokens)
-    chips = " ".join(
-        f'<span class="ls-chip ls-chip-{s}">{counts[s]} {s}</span>' for s in STATUSES if counts[s]
-    )
+    chips = " ".join(f'<span class="ls-chip ls-chip-{s}">{counts[s]} {s}</span>' for s in STATUSES if counts[s])
     extra = ""
     if run.error:
         extra = f'<span class="ls-chip ls-chip-error">error: {html.escape(run.error)}</span>'
@@ -374,7 +376,10 @@ def stats_html(speed: Any | None, pair: str = "") -> str:
 
     pair_line = f'<div class="ls-pair">{html.escape(pair)}</div>' if pair else ""
     if speed is None or not speed.tokens:
-        return f'<div class="ls-stats" id="ls-stats">{pair_line}<div class="ls-muted">Stats appear as the reply streams.</div></div>'
+        return (
+            f'<div class="ls-stats" id="ls-stats">{pair_line}'
+            '<div class="ls-muted">Stats appear as the reply streams.</div></div>'
+        )
     speedup = f"{speed.measured_speedup:.2f}×" if speed.measured_speedup is not None else "–"
     predicted = f"predicted {speed.predicted_speedup:.2f}×" if speed.predicted_speedup is not None else ""
     if speed.target_token_s:
@@ -383,7 +388,8 @@ def stats_html(speed: Any | None, pair: str = "") -> str:
             predicted += f" now ({speed.target_token_s / speed.load * 1000:.0f} at best)"
     cards = "".join([
         card("tokens / s", f"{speed.tokens_per_second:.1f}", f"{speed.tokens} tokens", "tps"),
-        card("acceptance", f"{speed.acceptance:.0%}" if speed.acceptance is not None else "–", "accepted / drafted", "acc"),
+        card("acceptance", f"{speed.acceptance:.0%}" if speed.acceptance is not None else "–",
+             "accepted / drafted", "acc"),
         card("tokens / step", f"{speed.tokens_per_step:.2f}", "emitted per target pass", "tps-step"),
         card("speedup", speedup, predicted or "vs the target alone", "speedup"),
         card("drafter", speed.sources.split(" ")[0], speed.sources, "drafter") if speed.sources else "",

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from localspec.app.config import Config, SamplingConfig, absolute_path, describe
 from localspec.app.trace import Trace
@@ -55,22 +56,24 @@ class Settings:
     values: dict[str, Any]
 
     @classmethod
-    def from_config(cls, config: Config) -> "Settings":
+    def from_config(cls, config: Config) -> Settings:
         return cls({key: getattr(getattr(config, key.split(".")[0]), key.split(".")[1]) for key in PANEL})
 
     @classmethod
-    def from_panel(cls, *values: Any) -> "Settings":
+    def from_panel(cls, *values: Any) -> Settings:
         """The controls' values, in :data:`PANEL` order (as Gradio passes them)."""
         return cls(dict(zip(PANEL, values, strict=True)))
 
-    def replace(self, **by_name: Any) -> "Settings":
+    def replace(self, **by_name: Any) -> Settings:
         """A copy with settings replaced by their short name (``temperature=0``, ``max_tokens=16``)."""
         keys = {key.split(".")[1]: key for key in PANEL}
         return Settings(self.values | {keys[name]: value for name, value in by_name.items()})
 
     def apply(self, config: Config) -> Config:
         """``config`` with these values; a bad value raises :class:`ConfigError` naming the control."""
-        return config.with_overrides({key: describe(key).parse(value, PANEL[key]) for key, value in self.values.items()})
+        return config.with_overrides(
+            {key: describe(key).parse(value, PANEL[key]) for key, value in self.values.items()}
+        )
 
 
 @dataclass
@@ -222,10 +225,14 @@ class Session:
         known = set(GenerationOptions.__dataclass_fields__)
         gen_options = GenerationOptions(**{k: v for k, v in options.items() if k in known})
         sampling = run.header.get("config", {}).get("sampling", {})
-        params = SamplingConfig(**{k: v for k, v in sampling.items() if k in SamplingConfig.__dataclass_fields__}).params()
+        params = SamplingConfig(
+            **{k: v for k, v in sampling.items() if k in SamplingConfig.__dataclass_fields__}
+        ).params()
         header = dict(run.header)
         header["options"] = {**options, "max_tokens": gen_options.max_tokens}
-        replay = Trace(header={k: v for k, v in header.items() if k not in ("kind", "version", "created")}, source="replay")
+        replay = Trace(
+            header={k: v for k, v in header.items() if k not in ("kind", "version", "created")}, source="replay"
+        )
         try:
             for event in engine.stream(run.header["prompt_tokens"], gen_options, params):
                 replay.add(event)

@@ -49,7 +49,8 @@ CSS = """
   border: 1px solid var(--border-color-primary); box-shadow: 0 1px 2px rgba(0,0,0,.04); }
 .ls-user .ls-bubble { background: var(--color-accent-soft, #eef2ff); border-bottom-right-radius: 4px; }
 .ls-assistant .ls-bubble { border-bottom-left-radius: 4px; }
-.ls-waiting { color: var(--body-text-color-subdued); font-style: italic; animation: ls-pulse 1.6s ease-in-out infinite; }
+.ls-waiting { color: var(--body-text-color-subdued); font-style: italic;
+  animation: ls-pulse 1.6s ease-in-out infinite; }
 @keyframes ls-pulse { 50% { opacity: .55; } }
 .ls-spinner { display:inline-block; width: .8em; height: .8em; margin-right: .5em; vertical-align: -1px;
   border: 2px solid var(--border-color-primary); border-top-color: var(--ls-acc); border-radius: 50%;
@@ -94,7 +95,8 @@ pre.ls-code .ls-tok { text-underline-offset: 4px; }
 .ls-card { border:1px solid var(--border-color-primary); border-radius: 12px; padding: 8px 10px;
   background: var(--background-fill-primary); }
 .ls-card-v { font-size: 1.45rem; font-weight: 700; font-variant-numeric: tabular-nums; }
-.ls-card-k { font-size: .78rem; text-transform: uppercase; letter-spacing: .04em; color: var(--body-text-color-subdued); }
+.ls-card-k { font-size: .78rem; text-transform: uppercase; letter-spacing: .04em;
+  color: var(--body-text-color-subdued); }
 .ls-card-h { font-size: .72rem; color: var(--body-text-color-subdued); }
 .ls-verdict { font-size: .85rem; padding: 8px 10px; border-radius: 10px; background: rgba(22,163,74,.08);
   border: 1px solid rgba(22,163,74,.35); }
@@ -113,7 +115,8 @@ pre.ls-code .ls-tok { text-underline-offset: 4px; }
 table.ls-top { width: 100%; border-collapse: collapse; font-size: .84rem; table-layout: auto; margin: 0 !important; }
 table.ls-top td { border-left: none !important; border-right: none !important; }
 table.ls-top td { padding: 2px 6px; border-bottom: 1px solid var(--border-color-primary); }
-td.ls-top-tok { font-family: var(--font-mono); white-space: pre; max-width: 160px; overflow: hidden; text-overflow: ellipsis; }
+td.ls-top-tok { font-family: var(--font-mono); white-space: pre; max-width: 160px; overflow: hidden;
+  text-overflow: ellipsis; }
 td.ls-top-bar { width: 38%; min-width: 70px; }
 td.ls-top-bar span { display:block; height: 9px; border-radius: 4px; }
 td.ls-top-p { font-variant-numeric: tabular-nums; text-align: right; white-space: nowrap; }
@@ -129,9 +132,10 @@ tr.ls-top-chosen td { font-weight: 700; background: rgba(234,179,8,.14); }
 
 # The hidden stream component's js_on_load (Gradio runs it once, with ``watch`` and ``props``).
 # When a reply starts, the component's value names it, and the page asks the server for its new tokens
-# (ChatApp.poll, through a plain route: ui/app.py add_stream_routes) every STREAM_INTERVAL_MS until it is over, applying each operation (ui/render.py:
-# LiveReply) to the reply's bubble: keep a prefix of its blocks (and of one block's tokens), drop the
-# rest, append what is new. A hovered token's evidence is asked of the server (ChatApp.evidence).
+# (ChatApp.poll, through a plain route: ui/app.py add_stream_routes) every STREAM_INTERVAL_MS until it is
+# over, applying each operation (ui/render.py: LiveReply) to the reply's bubble: keep a prefix of its
+# blocks (and of one block's tokens), drop the rest, append what is new. A hovered token's evidence is
+# asked of the server (ChatApp.evidence).
 STREAM_JS = """
 async function ask(what, at) {  // ui/app.py: add_stream_routes
   const answer = await fetch('localspec/' + what + '?at=' + encodeURIComponent(at));
@@ -148,7 +152,9 @@ document.addEventListener('mouseover', async function (event) {
   const reply = tok.closest('[data-reply]');
   if (!reply) return;
   if (tok.dataset.evidence === undefined) {
-    try { tok.dataset.evidence = await ask('evidence', reply.dataset.reply + ':' + tok.dataset.i); } catch (e) { return; }
+    try {
+      tok.dataset.evidence = await ask('evidence', reply.dataset.reply + ':' + tok.dataset.i);
+    } catch (e) { return; }
   }
   if (hovered !== tok || !tok.dataset.evidence) return;
   tip.textContent = tok.dataset.evidence;
@@ -161,7 +167,9 @@ document.addEventListener('mouseover', async function (event) {
 });
 document.addEventListener('mouseout', function (event) {
   const tok = event.target.closest && event.target.closest('#ls-chat-log .ls-tok[data-i]');
-  if (tok && tok === hovered && !tok.contains(event.relatedTarget)) { hovered = null; tip.classList.remove('ls-tip-on'); }
+  if (tok && tok === hovered && !tok.contains(event.relatedTarget)) {
+    hovered = null; tip.classList.remove('ls-tip-on');
+  }
 });
 
 function applyOp(bubble, op) {
@@ -172,7 +180,8 @@ function applyOp(bubble, op) {
     const block = blocks[op.block];
     if (!block) return false;
     const box = block.querySelector('code') || block;
-    for (let span = box.lastElementChild; span && +span.dataset.i >= op.keep; span = box.lastElementChild) span.remove();
+    for (let span = box.lastElementChild; span && +span.dataset.i >= op.keep; span = box.lastElementChild)
+      span.remove();
     box.insertAdjacentHTML('beforeend', op.spans);
     drop = op.block + 1;
   }
