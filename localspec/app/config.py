@@ -50,6 +50,9 @@ class ModelConfig(_Section):
     n_gpu_layers: int = setting(-1, "layers offloaded to Metal/CUDA; -1 = all, 0 = none", -1, 100_000)
     flash_attention: bool = setting(False, "flash attention; off keeps CPU logits batch-invariant at every position")
     use_mmap: bool = setting(True, "memory-map the weights (false = read them into memory first)")
+    rpc_servers: tuple[str, ...] = setting(
+        (), "llama.cpp RPC servers (host:port) that hold the target's layers; the draft stays local"
+    )
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,7 @@ class Engine:
         (the benchmark compares both in one run).
         """
         params = params if params is not None else self.config.sampling.params()
+        self._reconnect_target()
         decoder = self.decoder if drafter is None else self._decoder_with(drafter)
         with self.lock:
             yield from decoder.stream(prompt, params, options, cancel)
@@ -327,16 +328,38 @@ class Engine:
             f"{diagnosis.turned_off} so {mode} output equals target-only — fix: {diagnosis.fix}"
         )
 
+    def _reconnect_target(self) -> None:
+        """After an RPC server holding target layers stopped answering (the reply then ended with its name):
+        say in one line that it is still down, or reload the target once every server answers again."""
+        if getattr(self.target, "lost_server", None) is None:
+            return
+        from localspec.app.remote import reconnect
+
+        reconnect(self.settings.rpc_servers)
+        with self.lock:
+            self.target.close()  # first: its buffers on the lost server go with it
+        self._reload_target({})
+
     def _reload_target(self, overrides: dict) -> None:
         """Swap in the target loaded with ``overrides``; its KV cache starts empty."""
         settings = replace(self.settings, **overrides)
         target = load_model(self.target_path, settings, "target")
         with self.lock:
             old, self.target, self.settings = self.target, target, settings
+            self.drafter = _lookup_on(self.drafter, target)  # prompt lookup reads the new target's vocabulary
             self.decoder = SpeculativeDecoder(self.target, self.target, self.drafter)
             self._target_token_s = None
             self._learned_key = self._remembered()
         old.close()
+
+
+def _lookup_on(drafter: Drafter | None, target) -> Drafter | None:
+    """``drafter`` with its prompt lookup reading ``target``'s vocabulary (after the target was reloaded)."""
+    if isinstance(drafter, NgramDrafter):
+        return NgramDrafter(target)
+    if isinstance(drafter, HybridDrafter):
+        return HybridDrafter(drafter.drafter, NgramDrafter(target))
+    return drafter
 
 
 def llama_settings(config: Config):
@@ -351,6 +374,7 @@ def llama_settings(config: Config):
         n_gpu_layers=model.n_gpu_layers,
         flash_attention=model.flash_attention,
         use_mmap=model.use_mmap,
+        rpc_servers=model.rpc_servers,
     )
 
 

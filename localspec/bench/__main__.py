@@ -14,6 +14,7 @@ def main() -> int:
         )
         print("       python -m localspec.bench cold [--prompts A,B] [--max-tokens N] [--repeats N] [generate flags]")
         print("       python -m localspec.bench frontends [--prompt NAME] [--max-tokens N] [--repeats N] [pair flags]")
+        print("       python -m localspec.bench rpc [--rpc HOST:PORT ... | --servers N] [--delays 0,1,5] [--pair NAME]")
         print("end to end: `localspec bench` (see `localspec bench --help`)")
         return 0
     if args[0] == "sampler":
@@ -32,6 +33,10 @@ def main() -> int:
         from .frontends import main as frontends_main
 
         return frontends_main(args[1:])
+    if args[0] == "rpc":
+        from .rpc import main as rpc_main
+
+        return rpc_main(args[1:])
     if args[0] == "cold":
         from .cold import main as cold_main
 

@@ -15,6 +15,7 @@ from localspec import __version__
 from localspec.app.config import Config
 from localspec.app.engine import Engine, llama_settings
 from localspec.app.invariance import llama_build, measure_model
+from localspec.app.remote import server_lines
 from localspec.core.errors import LocalspecError
 
 
@@ -72,6 +73,7 @@ def machine_lines(config: Config, build: dict) -> list[str]:
              if spec.lower() not in ("none", "ngram")]  # fmt: skip
     need = sum(path.stat().st_size for path in paths if path.exists())
     return [
+        *server_lines(config.model.rpc_servers),
         backend_line(build, gpus, config.model.n_gpu_layers),
         f"threads: {llama_settings(config).resolved_threads()} (of {os.cpu_count()} logical CPUs); "
         f"flash attention {'on' if config.model.flash_attention else 'off'}; n_ctx {config.model.n_ctx}",
@@ -110,7 +112,9 @@ def weights_line(model) -> str:
     """Where one model's weights went: each buffer with its size, rows per decode, and why."""
     rows = "one row per decode" if model.rows_per_decode == 1 else f"up to {model.rows_per_decode} rows per decode"
     buffers = " + ".join(f"{name} {mib:,.0f} MiB" for name, mib in model.weight_buffer_mib.items()) or "?"
-    return f"weights ({model.role}): {buffers}, {rows} — {model.placement.reason}"
+    split = getattr(model, "layers_by_device", {})
+    layers = f"; layers {' + '.join(f'{device} {n}' for device, n in split.items())}" if len(split) > 1 else ""
+    return f"weights ({model.role}): {buffers}{layers}, {rows} — {model.placement.reason}"
 
 
 def pair_lines(config: Config) -> list[str]:

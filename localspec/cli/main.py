@@ -42,6 +42,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "model.n_ctx": ("--ctx",),
     "model.threads": ("--threads",),
     "model.n_gpu_layers": ("--n-gpu-layers", "-ngl"),
+    "model.rpc_servers": ("--rpc",),
     "chat.chat_template": ("--chat/--raw",),
     "chat.system_prompt": ("--system",),
     "ui.host": ("--host",),
@@ -93,6 +94,8 @@ def setting_flags(*keys: str) -> Callable[[Callable], Callable]:
         text = info.help[:1].upper() + info.help[1:] + "."
         if info.kind == "bool":
             return click.option(*FLAGS[key], _param(key), default=None, help=text)
+        if info.kind.startswith("tuple"):  # a list: the flag repeats (or takes a comma-separated list)
+            return click.option(*FLAGS[key], _param(key), multiple=True, default=None, help=text + " Repeatable.")
         kind = click.Choice(info.choices) if info.choices else {"int": int, "float": float}.get(info.kind, str)
         allowed = "" if info.choices or info.kind == "str" else f" [{info.allowed}]"
         return click.option(*FLAGS[key], _param(key), type=kind, default=None, help=text + allowed)
@@ -111,7 +114,8 @@ def _param(key: str) -> str:
 
 def flag_values(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Take the setting flags out of a command's keyword arguments, as {dotted key: value}."""
-    return {k.replace("__", "."): kwargs.pop(k) for k in list(kwargs) if "__" in k}
+    values = {k.replace("__", "."): kwargs.pop(k) for k in list(kwargs) if "__" in k}
+    return {key: value for key, value in values.items() if value != ()}  # a repeatable flag not given
 
 
 def err(message: str) -> None:
@@ -330,7 +334,7 @@ def progress_bar() -> Iterator[tuple[Callable[[str, int, int], None], Callable[[
 
 # ----------------------------------------------------------------------
 @cli.command()
-@setting_flags(*PAIR_KEYS, "model.n_gpu_layers")
+@setting_flags(*PAIR_KEYS, "model.n_gpu_layers", "model.rpc_servers")
 @click.pass_obj
 def doctor(state: AppState, **kwargs: Any) -> None:
     """Check the build, the machine, and whether batched logits are bit-identical to sequential ones."""
@@ -340,6 +344,35 @@ def doctor(state: AppState, **kwargs: Any) -> None:
     ensure_models(config)
     for line in run_doctor(config):
         click.echo(line)
+
+
+@cli.command("rpc-server")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. The RPC protocol has no authentication: anyone who reaches it can run "
+    "computations here and read what it holds, so expose it only on a private network.",
+)
+@click.option("--port", type=click.IntRange(1, 65535), default=50052, show_default=True, help="Port to listen on.")
+@click.option("--threads", type=click.IntRange(0, 1024), default=0, help="CPU threads; 0 = all physical cores.")
+@click.option(
+    "--cache",
+    "cache_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Keep the weights it receives here, so a client that loads them again sends only hashes.",
+)
+def rpc_server(host: str, port: int, threads: int, cache_dir: str | None) -> None:
+    """Hold a target's layers for another machine's localspec (llama.cpp's RPC server, on a GPU if there is one).
+
+    On the machine with the draft: `localspec ui --rpc THIS-HOST:PORT` (or model.rpc_servers in config.yaml).
+    The RPC protocol has no authentication: expose it only on a private network."""  # fmt: skip
+    from localspec.app.remote import SECURITY_NOTE, serve
+
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err("warning: " + SECURITY_NOTE)
+    serve(host, port, threads, cache_dir, lambda endpoint: click.echo(f"localspec rpc-server: listening on {endpoint}"))
 
 
 # ----------------------------------------------------------------------

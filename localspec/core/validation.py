@@ -44,7 +44,8 @@ def allowed_text(f: Field) -> str:
         return f"{'above' if meta.get('lo_open') else 'at least'} {lo}"
     if hi is not None:
         return f"at most {hi}"
-    return "any " + (f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "value"))
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "value")
+    return "a list of text" if kind.replace(" ", "") == "tuple[str,...]" else "any " + kind
 
 
 def check_value(f: Field, value: Any, key: str) -> Any:
@@ -86,6 +87,12 @@ def coerce(value: Any, typ: str, key: str, f: Field) -> Any:
         if optional:
             return None
         raise ConfigError(f"{key} must be set; allowed: {allowed_text(f)}")
+    if base == "tuple[str,...]":
+        if isinstance(value, str):
+            return tuple(part for part in value.replace(",", " ").split() if part)
+        if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+            return tuple(item.strip() for item in value if item.strip())
+        raise ConfigError(f"{key} = {value!r} is not a list of text; write it like [a, b]")
     if base == "bool":
         if isinstance(value, bool):
             return value

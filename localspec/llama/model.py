@@ -17,6 +17,7 @@ implements the loop's :class:`~localspec.core.model.LanguageModel` and
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import functools
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from localspec.core.errors import IncompatiblePairError, ModelError, PromptTooLongError
+from localspec.llama import rpc
 from localspec.llama.placement import (
     CPU_ONLY,
     WeightPlacement,
@@ -63,6 +65,7 @@ class LlamaSettings:
     flash_attention: bool = False
     use_mmap: bool = True
     extra_buffers: bool | None = None  # None: decided per role by weight_placement; False/True: forced
+    rpc_servers: tuple[str, ...] = ()  # llama.cpp RPC servers for the target's layers (llama/rpc.py)
 
     def resolved_threads(self) -> int:
         if self.threads > 0:
@@ -94,7 +97,8 @@ def check_gguf_file(path: Path, role: str) -> None:
 def choose_placement(settings: LlamaSettings, role: str, path: Path) -> WeightPlacement:
     """Where ``role``'s weights go under ``settings``: llama.cpp's GPU split first, then for what stays on
     the CPU the placement :func:`weight_placement` chooses, or the extra buffers ``settings`` forces."""
-    gpus = tuple(device.name for device in offload_devices()) if settings.n_gpu_layers != 0 else ()
+    remote = tuple(f"RPC[{endpoint}]" for endpoint in settings.rpc_servers) if role == "target" else ()
+    gpus = remote + tuple(device.name for device in offload_devices()) if settings.n_gpu_layers != 0 else ()
     offload = offload_plan(model_layers(path), settings.n_gpu_layers, gpus) if gpus else CPU_ONLY
     if settings.extra_buffers is None:
         return weight_placement(role, path, offload)
@@ -139,6 +143,7 @@ class LlamaModel:
         self._pieces: dict[int, bytes] = {}
         self._decode_s = 0.0
         self.n_evaluated = 0  # tokens evaluated over the model's lifetime (KV-reuse tests and stats)
+        self.n_decodes = 0  # llama_decode calls over its lifetime (round trips per decode over RPC)
 
     # -- lifecycle ---------------------------------------------------------
     def _load_weights(self, on_progress: Callable[[float], None] | None):
@@ -148,6 +153,11 @@ class LlamaModel:
         mparams.n_gpu_layers = settings.n_gpu_layers  # llama.cpp's own rule: negative offloads every layer
         mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP if settings.use_mmap else C.LLAMA_LOAD_MODE_NONE
         self._overrides = apply_placement(self.placement, self.path, mparams)  # kept: read during the load
+        self.rpc_servers = settings.rpc_servers if self.role == "target" else ()
+        self.lost_server: str | None = None  # set when one of them stopped answering
+        if self.rpc_servers:  # the servers' devices, then the local GPUs; llama.cpp splits the layers over them
+            self._devices = rpc.target_devices(self.rpc_servers, self.path.stat().st_size)  # kept: read at the load
+            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
         if on_progress is not None:
 
             def _progress(value: float, _user: ctypes.c_void_p) -> bool:
@@ -158,6 +168,7 @@ class LlamaModel:
             mparams.progress_callback = self._progress_cb
         log().lines.clear()
         log().model_buffers.clear()
+        log().model_layers.clear()
         model = compute(C.llama_model_load_from_file, str(self.path).encode("utf-8"), mparams)
         if not model:
             detail = log().last_error()
@@ -169,6 +180,7 @@ class LlamaModel:
         self._model = model
         self.weight_buffer_mib = dict(log().model_buffers)  # e.g. {"CUDA0": 934.4, "CPU_Mapped": 223.4}
         self.weight_buffers = tuple(self.weight_buffer_mib)  # e.g. ("AMX", "CPU_Mapped")
+        self.layers_by_device = dict(collections.Counter(log().model_layers))  # e.g. {"RPC0": 14, "RPC1": 14}
         self._vocab = C.llama_model_get_vocab(model)
         self._n_vocab = int(C.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(C.llama_model_n_ctx_train(model))
@@ -293,7 +305,16 @@ class LlamaModel:
             batch.logits[i] = offset + i >= first_logit
         started = time.perf_counter()
         code = compute(C.llama_decode, self._ctx, batch)
+        self.n_decodes += 1
         self._decode_s += time.perf_counter() - started  # only llama.cpp's own time counts as decode time
+        lost = rpc.lost_server() if self.rpc_servers else None
+        if lost:  # the logits of this decode are zeros from a server that is gone (localspec's RPC patch)
+            self.lost_server = lost
+            self._remove_from(pos0)
+            raise rpc.RpcServerError(
+                f"RPC server {lost} stopped answering mid-reply; the reply ends here and what was written stays. "
+                "Start it again: the next request reloads the target"
+            )
         if code != 0:
             # llama.cpp restores the memory on failure; make sure we agree with it
             self._remove_from(pos0)

@@ -88,6 +88,7 @@ class ComputeThread:
 
 
 MODEL_BUFFER_LINE = re.compile(r"(\S+) model buffer size =\s*([0-9.]+) MiB")
+LAYER_LINE = re.compile(r"layer +\d+ assigned to device (\S+?),")  # llama.cpp's debug line at load
 
 
 class LlamaLog:
@@ -96,6 +97,7 @@ class LlamaLog:
     def __init__(self) -> None:
         self.lines: deque[tuple[int, str]] = deque(maxlen=200)
         self.model_buffers: list[tuple[str, float]] = []  # (buffer, MiB) the last loaded model's weights went to
+        self.model_layers: list[str] = []  # the device of each of its layers, in order
         self.verbose = bool(os.environ.get("LOCALSPEC_VERBOSE"))
         self._last_level = 2
         self._callback = C.llama_log_callback(self._on_log)  # referenced so it is never collected
@@ -111,6 +113,9 @@ class LlamaLog:
         buffer = MODEL_BUFFER_LINE.search(line)  # e.g. "load_tensors:        CUDA0 model buffer size =   934.35 MiB"
         if buffer:
             self.model_buffers.append((buffer.group(1), float(buffer.group(2))))
+        layer = LAYER_LINE.search(line)  # e.g. "load_tensors: layer  12 assigned to device RPC0, is_swa = 0"
+        if layer:
+            self.model_layers.append(layer.group(1))
         if self.verbose and level >= 3:
             sys.stderr.write(line)
 
@@ -164,19 +169,16 @@ def build_stamp() -> dict | None:
 
 @functools.cache
 def build_patches() -> tuple[str, ...]:
-    """localspec's patches in the llama.cpp this process loaded, as each announces itself: an exported
-    symbol ``localspec_patch_<name>`` (``-`` as ``_``) in the ggml library it changes. Names are found in
-    the libraries' bytes and each confirmed by looking the symbol up; a stock build has none."""
+    """localspec's patches in the llama.cpp this process loads, as each announces itself: an exported
+    symbol ``localspec_patch_<name>`` (``-`` as ``_``) in the ggml library it changes, found in the export
+    tables of the wheel's ggml libraries (read as bytes: opening a second copy of a library would give it
+    state of its own). A stock build has none."""
     import llama_cpp
 
     found: set[str] = set()
-    for library in sorted((Path(llama_cpp.__file__).parent / "lib").glob("*ggml*")):
-        if library.is_symlink() or not library.is_file():
-            continue
-        names = {m.decode() for m in re.findall(rb"localspec_patch_(\w+)", library.read_bytes())}
-        if names:
-            loaded = ctypes.CDLL(str(library))
-            found |= {name for name in names if hasattr(loaded, PATCH_SYMBOL + name)}
+    for library in (Path(llama_cpp.__file__).parent / "lib").glob("*ggml*"):
+        if library.is_file():
+            found |= {m.decode() for m in re.findall(rb"localspec_patch_(\w+)", library.read_bytes())}
     return tuple(sorted(found))
 
 
@@ -314,6 +316,7 @@ def _ggml():
         ("ggml_backend_reg_by_name", voidp, [ctypes.c_char_p]),
         ("ggml_backend_reg_dev_count", ctypes.c_size_t, [voidp]),
         ("ggml_backend_reg_dev_get", voidp, [voidp, ctypes.c_size_t]),
+        ("ggml_backend_dev_by_name", voidp, [ctypes.c_char_p]),
         ("ggml_backend_dev_backend_reg", voidp, [voidp]),
         ("ggml_backend_reg_get_proc_address", voidp, [voidp, ctypes.c_char_p]),
         ("ggml_backend_buft_name", ctypes.c_char_p, [voidp]),

@@ -1,0 +1,159 @@
+"""A target split over llama.cpp RPC servers on loopback: the same tokens as the target alone, clear failures.
+
+Two ``localspec rpc-server`` processes on 127.0.0.1 (free ports) hold the demo target's layers; the draft
+stays local. Servers on this CPU run the same kernels on the same weights in plain memory as a local
+model with its extra buffers off, so logits first (the doctor's probe across the split, and against the
+local model), then greedy, rejection and invariant output token for token. Then the failures: an
+endpoint that does not answer is named before anything loads; a server killed mid-reply ends the reply
+with its name, the next request says it is still down, and once it is back the target is reloaded.
+"""
+
+from __future__ import annotations
+
+import signal
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localspec.app.invariance import row_count_diffs
+from localspec.core.errors import LocalspecError
+from localspec.core.events import TokenEvent
+from localspec.core.sampling import SamplingParams
+
+from .conftest import (
+    DRAFT,
+    QWEN_DRAFT,
+    QWEN_TARGET,
+    TARGET,
+    TEST_THREADS,
+    _free_port,
+    generate,
+    make_engine,
+    require,
+    run_cli,
+    running_server,
+    server_env,
+)
+
+pytestmark = [pytest.mark.models, pytest.mark.xdist_group("rpc")]
+
+GREEDY = SamplingParams(temperature=0.0)
+WARM = SamplingParams(temperature=0.8)
+
+
+@contextmanager
+def rpc_server(tmp_path: Path, port: int | None = None):
+    """`localspec rpc-server` on a free loopback port; yields (endpoint, process) once it answers."""
+    port = port or _free_port()
+    args = ["rpc-server", "--port", str(port), "--threads", str(TEST_THREADS)]
+    log = tmp_path / f"rpc-{port}.log"
+    with running_server(args, "localspec rpc-server: listening on", log, server_env()) as (line, proc, _):
+        assert line, log.read_text()
+        yield f"127.0.0.1:{port}", proc
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    require(TARGET, DRAFT)
+    folder = tmp_path_factory.mktemp("rpc")
+    with ExitStack() as stack:
+        yield [stack.enter_context(rpc_server(folder))[0] for _ in range(2)]
+
+
+def test_the_split_target_computes_the_local_target_s_logits(servers) -> None:
+    from localspec.llama.model import LlamaModel, LlamaSettings
+
+    remote = LlamaModel(TARGET, LlamaSettings(n_ctx=512, threads=TEST_THREADS, rpc_servers=tuple(servers)))
+    local = LlamaModel(TARGET, LlamaSettings(n_ctx=512, threads=TEST_THREADS, extra_buffers=False))
+    try:
+        assert len([name for name in remote.weight_buffer_mib if name.startswith("RPC")]) == 2, remote.weight_buffer_mib
+        tokens = remote.tokenize("Speculative decoding across machines must not change a single bit. " * 4)
+        assert row_count_diffs(remote, tokens, (2, 3, 5, 9)) == {2: 0.0, 3: 0.0, 5: 0.0, 9: 0.0}
+        remote.truncate(0)  # the same tokens from position 0 on both
+        ours, theirs = remote.extend(tokens, len(tokens)), local.extend(tokens, len(tokens))
+        assert np.array_equal(np.asarray(ours).view(np.uint32), np.asarray(theirs).view(np.uint32))
+    finally:
+        remote.close()
+        local.close()
+
+
+@pytest.mark.parametrize(("mode", "params"), [("greedy", GREEDY), ("rejection", WARM), ("invariant", WARM)])
+def test_speculation_over_rpc_writes_the_local_tokens(servers, mode: str, params) -> None:
+    remote = make_engine(TARGET, DRAFT, **{"model.rpc_servers": servers})
+    local = make_engine(TARGET, DRAFT)  # an F32 target: the same kernels in plain memory as on the servers
+    try:
+        prompt = local.encode_raw("Three rivers in Europe are").tokens
+        there, _ = generate(remote, prompt, params, mode=mode, max_tokens=40, seed=7)
+        here, _ = generate(local, prompt, params, mode=mode, max_tokens=40, seed=7)
+        assert there.token_ids == here.token_ids
+        assert len(there.token_ids) == 40
+    finally:
+        remote.close()
+        local.close()
+
+
+def test_an_endpoint_that_does_not_answer_is_named_before_anything_loads() -> None:
+    closed = f"127.0.0.1:{_free_port()}"
+    result = run_cli("generate", "--target", str(TARGET), "--draft", str(DRAFT), "--rpc", closed, "hi")
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()
+    assert len(message) == 1 and closed in message[0] and "does not answer" in message[0], result.stderr
+    assert "localspec rpc-server" in message[0]
+
+
+def test_a_bad_endpoint_is_a_config_error_naming_it() -> None:
+    result = run_cli("generate", "--target", str(TARGET), "--rpc", "no-port-here", "hi")
+    assert result.returncode != 0 and "'no-port-here' is not host:port" in result.stderr
+
+
+def test_a_server_killed_mid_reply_ends_the_reply_and_the_target_comes_back(tmp_path) -> None:
+    require(TARGET, DRAFT)
+    port = _free_port()
+    with rpc_server(tmp_path) as (steady, _), ExitStack() as stack:
+        lost, proc = stack.enter_context(rpc_server(tmp_path, port))
+        engine = make_engine(TARGET, DRAFT, **{"model.rpc_servers": [steady, lost]})
+        try:
+            prompt = engine.encode_raw("Counting from one to fifty in words: one, two,").tokens
+            written = []
+            with pytest.raises(LocalspecError) as ended:
+                for event in engine.stream(prompt, engine.options(mode="greedy", max_tokens=200), GREEDY):
+                    if isinstance(event, TokenEvent):
+                        written.append(event)
+                        if len(written) == 3:
+                            proc.send_signal(signal.SIGKILL)  # the server dies mid-reply
+                            proc.wait()
+            assert lost in str(ended.value) and "stopped answering" in str(ended.value)
+            assert len(written) >= 3  # what was written before stays written
+
+            with pytest.raises(LocalspecError) as still_down:  # the next request says so, in one line
+                list(engine.stream(prompt, engine.options(mode="greedy", max_tokens=8), GREEDY))
+            assert lost in str(still_down.value) and "does not answer" in str(still_down.value)
+
+            stack.close()
+            with rpc_server(tmp_path, port):  # back on the same port: the next request reloads the target
+                again, _ = generate(engine, prompt, GREEDY, mode="greedy", max_tokens=8)
+                fresh = make_engine(TARGET, DRAFT, **{"model.rpc_servers": [steady, lost]})
+                expected, _ = generate(fresh, prompt, GREEDY, mode="greedy", max_tokens=8)
+                fresh.close()
+                engine.close()  # before the servers stop
+            assert again.token_ids == expected.token_ids and len(again.token_ids) == 8
+        finally:
+            engine.close()
+
+
+def test_the_real_pair_s_target_across_two_servers_writes_its_greedy_text(tmp_path, monkeypatch) -> None:
+    """The servers keep weights in plain memory; the local target does too here (extra buffers off), so both
+    run the same kernels."""
+    require(QWEN_TARGET, QWEN_DRAFT)
+    monkeypatch.setenv("LOCALSPEC_EXTRA_BUFFERS", "0")
+    with rpc_server(tmp_path) as (first, _), rpc_server(tmp_path) as (second, _):
+        remote = make_engine(QWEN_TARGET, QWEN_DRAFT, **{"model.rpc_servers": [first, second]})
+        prompt = remote.encode_raw("def reverse(text: str) -> str:\n").tokens
+        there, _ = generate(remote, prompt, GREEDY, mode="greedy", max_tokens=48)
+        remote.close()
+    local = make_engine(QWEN_TARGET, QWEN_DRAFT)
+    here, _ = generate(local, prompt, GREEDY, mode="target-only", max_tokens=48)
+    local.close()
+    assert there.token_ids == here.token_ids
