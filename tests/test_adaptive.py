@@ -11,14 +11,17 @@ import numpy as np
 import pytest
 
 from localspec.app.config import Config
-from localspec.core.adaptive import AdaptiveK, Plan
-from localspec.core.calibrate import Costs, measure_costs
-from localspec.core.drafters import MODEL, ModelDrafter
 from localspec.core.errors import ConfigError
 from localspec.core.events import GenerationResult, StepEvent
-from localspec.core.loop import GenerationOptions, SpeculativeDecoder
+from localspec.core.options import GenerationOptions
 from localspec.core.perf import expected_tokens_per_step
+from localspec.core.policy import MODEL, Plan
 from localspec.core.sampling import SamplingParams, Weights, probabilities, sample_index, weights
+from localspec.drafting.adaptive import AdaptiveK
+from localspec.drafting.calibrate import Costs, measure_costs
+from localspec.drafting.costs import CostModel
+from localspec.drafting.drafters import ModelDrafter
+from localspec.drafting.policy import speculative_decoder
 
 from .stats import chi_square
 from .toy import ToyLM, exact_joint, greedy_reference
@@ -56,7 +59,7 @@ def test_adaptive_k_finds_the_throughput_optimum(alpha: float, t_draft: float) -
     chosen = max(set(recent), key=recent.count)  # the K it settled on (exploration steps aside)
     # the chosen K must be (within one of) the optimum, and lose < 3% of the optimal throughput
     rate = lambda k: expected_tokens_per_step(alpha, k) / (k * t_draft + verify(k + 1) + 1e-4 * (k + 1))  # noqa: E731
-    assert abs(chosen - optimum) <= 1, (chosen, optimum, controller.alpha)
+    assert abs(chosen - optimum) <= 1, (chosen, optimum, controller.acceptance.alpha)
     assert rate(chosen) >= 0.97 * rate(optimum)
 
 
@@ -97,8 +100,8 @@ def test_verify_cost_line_interpolates_measured_batch_sizes() -> None:
     controller = AdaptiveK(1, 8)
     controller.observe(1, 1, 1, 0.01, 0.030, 0.0)  # 2 rows
     controller.observe(5, 5, 5, 0.05, 0.050, 0.0)  # 6 rows
-    assert controller.verify_seconds(4) == pytest.approx(0.040)
-    assert controller.verify_seconds(10) == pytest.approx(0.070)
+    assert controller.costs.verify_seconds(4) == pytest.approx(0.040)
+    assert controller.costs.verify_seconds(10) == pytest.approx(0.070)
     with pytest.raises(ConfigError, match="min_draft_tokens"):
         AdaptiveK(5, 2)
 
@@ -114,7 +117,7 @@ def pair(noise: float = 1.2):
 
 def test_adaptive_loop_reports_varying_k_within_bounds() -> None:
     target, draft = pair(noise=0.8)
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     steps = []
     for event in decoder.stream([0, 1, 2], SamplingParams(temperature=0.8),
                                 GenerationOptions(max_tokens=120, draft_tokens=6, adaptive=True,
@@ -124,14 +127,14 @@ def test_adaptive_loop_reports_varying_k_within_bounds() -> None:
     ks = [s.k for s in steps]
     assert all(1 <= k <= 6 for k in ks[:-1])  # the last step may be cut by max_tokens
     assert len(set(ks)) > 1, ks  # it adapts (toy costs are zero: exploration alone moves it)
-    history = decoder.controller.history
+    history = decoder.policy.controller.history
     assert len(history) == len(steps) and all(s.k <= h for s, h in zip(steps, history))
 
 
 @pytest.mark.parametrize("noise", [0.5, 3.0])
 def test_adaptive_greedy_is_identical_to_target_only(noise: float) -> None:
     target, draft = pair(noise)
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     for prompt in ([0], [1, 2], [3, 3, 4, 5]):
         result = decoder.run(prompt, SamplingParams(temperature=0.0),
                              GenerationOptions(mode="greedy", max_tokens=40, draft_tokens=5, adaptive=True,
@@ -155,12 +158,12 @@ class OutcomeDrivenK(AdaptiveK):
 
 
 def test_k_chosen_from_earlier_outcomes_keeps_the_output_exact(monkeypatch: pytest.MonkeyPatch) -> None:
-    import localspec.core.loop as generation
+    import localspec.drafting.policy as generation
 
     monkeypatch.setattr(generation, "AdaptiveK", OutcomeDrivenK)
     params = SamplingParams(temperature=0.8)
     target, draft = pair(noise=1.2)
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     prompt = [0, 1, 2, 3, 4, 5, 0, 1]
     counts = np.zeros((V,) * 3)
     ks_seen = set()
@@ -212,7 +215,7 @@ class CountingLM(ToyLM):
 def test_fully_accepted_step_costs_the_draft_k_decodes_not_k_plus_one() -> None:
     target = ToyLM(V, seed=11, scale=1.6)
     draft = CountingLM(V, seed=11, scale=1.6)  # identical to the target: greedy accepts everything
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     k = 4
     calls = []
     for event in decoder.stream([0, 1], SamplingParams(temperature=0.0),
@@ -513,7 +516,7 @@ def test_a_calibration_batch_caught_in_a_spike_is_timed_again(spiked: int, facto
     rows, which no batch does by itself. Or the one-row batch ran twice as slow (the process's slow first
     decodes): it cost more than two rows. Either is timed again. Control: without the re-timing the spike
     stays. (``nth``: the spiked call of that size; a one-row warm-up decode precedes every timing.)"""
-    import localspec.core.calibrate as calibrate
+    import localspec.drafting.calibrate as calibrate
 
     if not retime:
         monkeypatch.setattr(calibrate, "_retime_spikes", lambda target, verify: verify)
@@ -552,7 +555,7 @@ def test_costs_timed_in_a_slow_stretch_follow_the_live_one_row_cost(scaled: bool
     sizes no step used scale with them, and a draft that pays at full speed is used. Control: unscaled,
     verification looks 40 % dearer than it is against the live one-row cost, and the model never drafts."""
     if not scaled:
-        monkeypatch.setattr(AdaptiveK, "_drift", lambda self: 1.0)
+        monkeypatch.setattr(CostModel, "_drift", lambda self: 1.0)
 
     def verify(rows: int) -> float:
         return 0.009 + 0.0012 * (rows - 1)
@@ -563,7 +566,7 @@ def test_costs_timed_in_a_slow_stretch_follow_the_live_one_row_cost(scaled: bool
         controller.observe(0, 0, 0, 0.0, verify(1), 5e-4)  # one-row steps, at full speed
     drafting = sum(controller.choose(None).k > 0 for _ in range(8))
     assert drafting >= 6 if scaled else drafting <= 1, drafting
-    assert controller.verify_seconds(2) == pytest.approx(verify(2) * (1.0 if scaled else 1.4))
+    assert controller.costs.verify_seconds(2) == pytest.approx(verify(2) * (1.0 if scaled else 1.4))
 
 
 @pytest.mark.parametrize("retime", [True, False])
@@ -620,15 +623,15 @@ def test_retiming_the_target_alone_costs_a_paying_draft_little() -> None:
 def test_the_loop_measures_costs_once_and_starts_every_controller_from_them() -> None:
     target = ClockedLM(V, seed=11, cost=cpu_verify)
     draft = ClockedLM(V, seed=23, base=target, noise=0.5, cost=lambda rows: 0.015 * rows)
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     params = SamplingParams(temperature=0.0)
     for k in (4, 8):
         options = GenerationOptions(mode="greedy", max_tokens=20, draft_tokens=k, adaptive=True, min_draft_tokens=0)
         result = decoder.run([0, 1, 2], params, options)
         assert result.token_ids == greedy_reference(target, [0, 1, 2], 20)
         assert result.stats.drafted == 0  # hopeless costs: the model never drafted
-    assert decoder.costs.draft_token_s == pytest.approx(0.015)
-    assert len(decoder._controllers) == 2
+    assert decoder.policy.costs.draft_token_s == pytest.approx(0.015)
+    assert len(decoder.policy._controllers) == 2
 
 
 def test_a_hopeless_draft_is_never_made_to_catch_up_only_timed_again() -> None:
@@ -723,7 +726,8 @@ def test_copies_that_outrun_the_model_leave_its_catch_up_waiting(quoted: bool, c
     caught up at the second step after the quote; on the real pair it read the edit's prompt, 1.2 s,
     at its 16th step). Coincidental matches all along (2 tokens, 30 %
     kept) fall short of the model: the budget runs out and the model catches up."""
-    from localspec.core.drafters import LOOKUP, Match
+    from localspec.core.policy import LOOKUP
+    from localspec.drafting.drafters import Match
 
     controller = AdaptiveK(0, 8)
     controller.seed(Costs({n: gpu_verify(n) for n in (1, 2, 4, 8, 16)}, 0.002))

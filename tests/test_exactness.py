@@ -22,12 +22,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-from localspec.core.drafters import ModelDrafter, NgramDrafter
 from localspec.core.events import GenerationResult, StepEvent
-from localspec.core.loop import GenerationOptions, SpeculativeDecoder
+from localspec.core.loop import SpeculativeDecoder
 from localspec.core.modes import InvariantMode, RejectionMode
+from localspec.core.options import GenerationOptions
 from localspec.core.sampling import SamplingParams, draft_weights, probabilities, sample_index, weights
 from localspec.core.verify import DraftCheck, Verdict
+from localspec.drafting.drafters import ModelDrafter, NgramDrafter
+from localspec.drafting.policy import speculative_decoder
 
 from .stats import (
     ChiSquare,
@@ -149,7 +151,7 @@ CASES = {
 def test_model_drafter_matches_target_exactly(name: str) -> None:
     params, mode, accept, prompt = CASES[name]
     target, draft = _models()
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     joint, accepted = sample(decoder, params, mode, prompt=prompt)
     exact = exact_joint(target, prompt, params, LENGTH, V)
     acc_exact = accepted_length_distribution(_rows(target, params), _rows(draft, params), prompt, K, accept)
@@ -176,7 +178,7 @@ def test_draft_proposing_its_head_matches_target_exactly(monkeypatch: pytest.Mon
     head, full, p = _head_rows(draft, params)(PROMPT), _rows(draft, params)(PROMPT), _rows(target, params)(PROMPT)
     assert ((head == 0) & (full > 0) & (p > 0.01)).any()  # the floor cuts tokens the target wants
     monkeypatch.setattr(RejectionMode, "draft_floor", FLOOR)
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     joint, accepted = sample(decoder, params, "rejection")
     exact = exact_joint(target, PROMPT, params, LENGTH, V)
     acc_exact = accepted_length_distribution(_rows(target, params), _head_rows(draft, params), PROMPT, K,
@@ -192,7 +194,7 @@ def test_smaller_draft_vocabulary_is_padded_exactly(mode: str, accept) -> None:
     """A draft with one token fewer than the target: padded with zero probability, still exact."""
     params = SamplingParams(temperature=T)
     target, draft = _models(draft_vocab=V - 1)
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     joint, accepted = sample(decoder, params, mode, n_runs=N_RUNS // 2)
     exact = exact_joint(target, PROMPT, params, LENGTH, V)
     acc_exact = accepted_length_distribution(_rows(target, params), _rows(draft, params, V), PROMPT, K, accept)
@@ -230,7 +232,7 @@ def _wide_models() -> tuple[StrictToyLM, WideDraftLM]:
 def test_larger_draft_vocabulary_never_reaches_the_target(mode: str) -> None:
     """A draft token the target does not have (p = 0) is rejected, never evaluated by the target."""
     target, draft = _wide_models()
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft, vocab_size=V + 1))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft, vocab_size=V + 1))
     params = SamplingParams(temperature=0.0 if mode == "greedy" else T)
     proposed_extra = 0
     for run in range(300):
@@ -250,7 +252,7 @@ def test_larger_draft_vocabulary_is_exact(mode: str, accept) -> None:
     """q stays the distribution over V + 1 ids the draft token was drawn from: still exact."""
     params = SamplingParams(temperature=T)
     target, draft = _wide_models()
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft, vocab_size=V + 1))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft, vocab_size=V + 1))
     joint, accepted = sample(decoder, params, mode, n_runs=N_RUNS // 2)
     exact = exact_joint(target, PROMPT, params, LENGTH, V)
     acc_exact = accepted_length_distribution(
@@ -266,7 +268,7 @@ def test_onehot_drafter_matches_target_exactly() -> None:
     params = SamplingParams(temperature=T)
     target, _ = _models()
     ngram = NgramDrafter(target)
-    decoder = SpeculativeDecoder(target, target, ngram)
+    decoder = speculative_decoder(target, target, ngram)
     joint, accepted = sample(decoder, params, "rejection")
     exact = exact_joint(target, PROMPT, params, LENGTH, V)
     proposal = ngram.propose(PROMPT, K, RejectionMode(params, np.random.default_rng(0), V)).tokens
@@ -369,10 +371,10 @@ def test_negative_control_is_detected(name: str, monkeypatch: pytest.MonkeyPatch
         reference, _ = _models()
         target = StaleRollbackLM(V, seed=11, scale=1.6, name="stale")
         draft = ToyLM(V, seed=23, base=target, noise=1.2)
-        decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+        decoder = speculative_decoder(target, target, ModelDrafter(draft))
     else:
         reference, draft = _models()
-        decoder = SpeculativeDecoder(reference, reference, ModelDrafter(draft))
+        decoder = speculative_decoder(reference, reference, ModelDrafter(draft))
         import localspec.core.loop as generation
 
         monkeypatch.setattr(generation, "make_mode", lambda n, p, rng, v, seed=0, request_key=0: broken(p, rng, v))
@@ -432,7 +434,7 @@ def test_invariant_negative_control_is_detected(name: str, monkeypatch: pytest.M
     broken, statistic = INVARIANT_NEGATIVE[name]
     params = SamplingParams(temperature=T)
     target, draft = _models()
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     import localspec.core.loop as generation
 
     monkeypatch.setattr(

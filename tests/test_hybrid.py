@@ -11,14 +11,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.core.adaptive import LOOKUP_PRIOR, AdaptiveK, Plan, match_bucket
-from localspec.core.calibrate import Costs
-from localspec.core.drafters import LOOKUP, MODEL, Draft, HybridDrafter, Match, ModelDrafter, NgramDrafter
-from localspec.core.edits import Edit, ReplyEdits
 from localspec.core.events import GenerationResult, StepEvent
-from localspec.core.loop import GenerationOptions, SpeculativeDecoder
-from localspec.core.modes import RejectionMode
+from localspec.core.modes import Draft, RejectionMode
+from localspec.core.options import GenerationOptions
+from localspec.core.policy import LOOKUP, MODEL, Plan
 from localspec.core.sampling import SamplingParams
+from localspec.drafting.acceptance import LOOKUP_PRIOR, Acceptance, match_bucket
+from localspec.drafting.adaptive import AdaptiveK
+from localspec.drafting.calibrate import Costs
+from localspec.drafting.costs import CostModel
+from localspec.drafting.drafters import HybridDrafter, Match, ModelDrafter, NgramDrafter
+from localspec.drafting.edits import Edit, ReplyEdits
+from localspec.drafting.lookup import ReplyLookup
+from localspec.drafting.policy import speculative_decoder
 
 from .stats import chi_square
 from .test_exactness import LENGTH, PROMPT, V, _models
@@ -57,12 +62,12 @@ class LookupWithModelQ(HybridDrafter):
 
 
 def sample_hybrid(drafter_class, monkeypatch, mode: str = "rejection") -> tuple[np.ndarray, dict]:
-    import localspec.core.loop as loop
+    import localspec.drafting.policy as policy
 
-    monkeypatch.setattr(loop, "AdaptiveK", AlternatingK)
+    monkeypatch.setattr(policy, "AdaptiveK", AlternatingK)
     target, draft = _models()
     drafter = drafter_class(ModelDrafter(draft), NgramDrafter(target))
-    decoder = SpeculativeDecoder(target, target, drafter)
+    decoder = speculative_decoder(target, target, drafter)
     joint = np.zeros((V,) * LENGTH)
     sources: dict[str, int] = {}
     for run in range(N_RUNS):
@@ -103,7 +108,7 @@ def test_negative_control_lookup_verified_with_model_q(monkeypatch: pytest.Monke
 def test_adaptive_hybrid_greedy_is_identical_to_target_only(noise: float) -> None:
     target = ToyLM(V, seed=11, scale=1.6)
     drafter = HybridDrafter(ModelDrafter(ToyLM(V, seed=23, base=target, noise=noise)), NgramDrafter(target))
-    decoder = SpeculativeDecoder(target, target, drafter)
+    decoder = speculative_decoder(target, target, drafter)
     for prompt in ([0], [1, 2, 3, 1, 2], PROMPT):
         result = decoder.run(prompt, SamplingParams(temperature=0.0),
                              GenerationOptions(mode="greedy", max_tokens=60, draft_tokens=5, adaptive=True,
@@ -151,7 +156,7 @@ def test_a_renamed_token_is_learnt_once_then_copied_renamed() -> None:
     """An edit that renames a token everywhere: lookup proposes the old one once, and from then on copies
     the new one in its place, so every later step is accepted whole."""
     target = RenamingLM(V, seed=1)
-    decoder = SpeculativeDecoder(target, target, NgramDrafter(target))
+    decoder = speculative_decoder(target, target, NgramDrafter(target))
     prompt = [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]
     steps = []
     for event in decoder.stream(prompt, SamplingParams(temperature=0.0),
@@ -178,19 +183,20 @@ def test_a_rename_is_learnt_where_lookup_did_not_draft(learn: bool, monkeypatch:
     """The target renames a quoted token on a step lookup sat out: the edit is learnt all the same, so the
     text after it still matches the prompt (the match stays long). Control: without learning there, the
     match breaks at the renamed token."""
-    import localspec.core.loop as loop
+    import localspec.drafting.lookup as lookup
+    import localspec.drafting.policy as policy
 
-    monkeypatch.setattr(loop, "AdaptiveK", NeverDrafts)
+    monkeypatch.setattr(policy, "AdaptiveK", NeverDrafts)
     if not learn:
-        monkeypatch.setattr(loop, "TRUSTED_MATCH", 10**9)
+        monkeypatch.setattr(lookup, "TRUSTED_MATCH", 10**9)
     target = RenamingLM(V, seed=1)
-    decoder = SpeculativeDecoder(target, target, NgramDrafter(target))
+    decoder = speculative_decoder(target, target, NgramDrafter(target))
     prompt = [0, 1, 2, 3, 4] * 6
     result = decoder.run(prompt, SamplingParams(temperature=0.0),
                          GenerationOptions(mode="greedy", max_tokens=12, adaptive=True,
                                            min_draft_tokens=0))  # fmt: skip
     assert result.token_ids == [0, 1, 2, 3, 5] * 2 + [0, 1]
-    lengths = decoder.controller.lengths  # step 4 wrote the first 5
+    lengths = decoder.policy.controller.lengths  # step 4 wrote the first 5
     if learn:
         assert lengths[5] == 0  # the step after: the edit is not bet on until the text confirms it ...
     assert (min(lengths[6:9]) >= 16) == learn, lengths  # ... which it did: the text after it matched
@@ -199,9 +205,7 @@ def test_a_rename_is_learnt_where_lookup_did_not_draft(learn: bool, monkeypatch:
 def test_an_edit_the_text_does_not_confirm_is_dropped() -> None:
     """A reply that leaves its quote (a paraphrase) is not a rename: the edit learnt where it left is
     dropped when the next token does not go on as the source."""
-    from localspec.core.loop import _Request
-
-    request = _Request.__new__(_Request)
+    request = ReplyLookup.__new__(ReplyLookup)
     request.edits = ReplyEdits(WordVocab())
     for confirmed in (False, True):
         request.unconfirmed = request.edits.learn(word(" order"), word(" record"))
@@ -270,7 +274,7 @@ def test_lookup_drafts_use_the_cheap_batch_sizes() -> None:
     """With measured per-size costs the long lookup drafts fill whole gemm groups (rows a multiple of 4);
     the negative control fits one straight line through all sizes and does not."""
 
-    class LineOnly(AdaptiveK):
+    class LineOnly(CostModel):
         def verify_seconds(self, rows):
             return self._fitted_verify_seconds(rows)
 
@@ -280,7 +284,7 @@ def test_lookup_drafts_use_the_cheap_batch_sizes() -> None:
     rate, plans = run_text(AdaptiveK(0, 8), matches, alphas, rng)
     sizes = [p.k + 1 for p in plans[-300:]]
     assert sum(s % 4 == 0 for s in sizes) >= 0.9 * len(sizes), sorted(set(sizes))
-    line_rate, line_plans = run_text(LineOnly(0, 8), matches, alphas, np.random.default_rng(4))
+    line_rate, line_plans = run_text(AdaptiveK(0, 8, costs=LineOnly()), matches, alphas, np.random.default_rng(4))
     line_sizes = [p.k + 1 for p in line_plans[-300:]]
     print(f"\nper-size costs: {rate * sawtooth(1):.3f}x target; one line: {line_rate * sawtooth(1):.3f}x")
     assert sum(s % 4 == 0 for s in line_sizes) < 0.75 * len(line_sizes), sorted(set(line_sizes))
@@ -293,26 +297,26 @@ def test_a_quote_drafts_the_cheapest_size_at_once() -> None:
     them. Control: estimating it at the best per-row cost measured (16 rows') makes 3 rows look cheaper
     per row than they are, and the quote is drafted 2 tokens at a time (then 3, 4, ... as each is tried)."""
 
-    class PerRowOnly(AdaptiveK):
+    class PerRowOnly(CostModel):
         def _optimistic_verify_seconds(self, rows):
             if rows in self._verify:
                 return self.verify_seconds(rows)
             return min(self._fitted_verify_seconds(rows), rows * min(self.verify_seconds(n) / n for n in (2, 4, 8, 16)))
 
     plans = {}
-    for controller in (AdaptiveK(0, 8), PerRowOnly(0, 8)):
+    for controller in (AdaptiveK(0, 8), AdaptiveK(0, 8, costs=PerRowOnly())):
         controller.seed(Costs({1: 0.029, 2: 0.046, 4: 0.0708, 8: 0.117, 16: 0.175}, 0.015))
         for _ in range(3):
             controller.observe_match(64, 16, 16)
-        plans[type(controller)] = controller.choose(Match(0, 64, (0,) * 40))
-    assert plans[AdaptiveK] == Plan(LOOKUP, 15)
+        plans[type(controller.costs)] = controller.choose(Match(0, 64, (0,) * 40))
+    assert plans[CostModel] == Plan(LOOKUP, 15)
     assert plans[PerRowOnly].k < 15, plans
     # beyond the largest size measured, its own cost per row: 29 rows measured dearer per row than 16
     # (13.4 ms against 10.9), so 30 rows are not taken for 16's rate and tried at a loss
-    for controller in (AdaptiveK(0, 8), PerRowOnly(0, 8)):
+    for controller in (AdaptiveK(0, 8), AdaptiveK(0, 8, costs=PerRowOnly())):
         controller.seed(Costs({1: 0.029, 2: 0.046, 4: 0.0708, 8: 0.117, 16: 0.175, 29: 0.39}, 0.015))
-        plans[type(controller)] = controller._optimistic_verify_seconds(30)
-    assert plans[AdaptiveK] > 30 * 0.0125 > plans[PerRowOnly] == pytest.approx(0.175 * 30 / 16), plans  # control
+        plans[type(controller.costs)] = controller.costs._optimistic_verify_seconds(30)
+    assert plans[CostModel] > 30 * 0.0125 > plans[PerRowOnly] == pytest.approx(0.175 * 30 / 16), plans  # control
 
 
 def test_lookup_prior_trusts_quotes_not_coincidences() -> None:
@@ -320,8 +324,8 @@ def test_lookup_prior_trusts_quotes_not_coincidences() -> None:
     real pair's costs), a 32-token one a quote (lookup drafts pay at once)."""
     controller = AdaptiveK(0, 8)
     controller.seed(Costs({n: sawtooth(n) for n in (1, 2, 4, 8, 16)}, 0.015))
-    assert controller.lookup_alpha(1) == pytest.approx(LOOKUP_PRIOR[1])
-    assert controller.lookup_alpha(40) == pytest.approx(LOOKUP_PRIOR[32])
+    assert controller.acceptance.lookup_alpha(1) == pytest.approx(LOOKUP_PRIOR[1])
+    assert controller.acceptance.lookup_alpha(40) == pytest.approx(LOOKUP_PRIOR[32])
     assert match_bucket(5) == 4 and match_bucket(100) == 32
     assert controller.choose(Match(0, 1, (0,) * 40)) == Plan("", 0)
     assert controller.choose(Match(0, 40, (0,) * 40)).source == LOOKUP
@@ -353,10 +357,10 @@ def test_a_copied_draft_is_credited_position_by_position() -> None:
     quote's expected tokens use the longer bins' acceptance for its later tokens."""
     controller = AdaptiveK(0, 8)
     controller.observe_match(24, 12, 13)
-    assert controller._lookup[16] == pytest.approx([8.0, 8.0], abs=0.6)  # match lengths 24..31 (decayed)
-    assert controller._lookup[32] == pytest.approx([4.0, 5.0], abs=0.3)  # 32..35 agreed, 36 differed
+    assert controller.acceptance._lookup[16] == pytest.approx([8.0, 8.0], abs=0.6)  # match lengths 24..31 (decayed)
+    assert controller.acceptance._lookup[32] == pytest.approx([4.0, 5.0], abs=0.3)  # 32..35 agreed, 36 differed
     fresh = AdaptiveK(0, 8)
-    expected = fresh.lookup_expected(28, 8)
+    expected = fresh.acceptance.lookup_expected(28, 8)
     a16, a32 = LOOKUP_PRIOR[16], LOOKUP_PRIOR[32]
     assert expected[3] == pytest.approx(1 + a16 + a16**2 + a16**3 + a16**4)
     assert expected[7] == pytest.approx(expected[3] + a16**4 * (a32 + a32**2 + a32**3 + a32**4))
@@ -366,15 +370,15 @@ def test_a_new_reply_keeps_a_quarter_of_lookups_evidence() -> None:
     """An edit reply's 40 agreeing comparisons at match length 4 weigh 10 in the next reply, so its own
     first few disagreements pull the estimate down at once; a controller that kept them all would still
     trust such matches after the same disagreements."""
-    controller, keeps_all = AdaptiveK(0, 8), AdaptiveK(0, 8, reply_carry=1.0)
+    controller, keeps_all = AdaptiveK(0, 8), AdaptiveK(0, 8, acceptance=Acceptance(reply_carry=1.0))
     for c in (controller, keeps_all):
         for _ in range(40):
             c.observe_match(4, 1, 1)
         c.new_reply()
         for _ in range(6):
             c.observe_match(4, 0, 1)
-    assert controller.lookup_alpha(4) < 0.55 < keeps_all.lookup_alpha(4), (controller.lookup_alpha(4),
-                                                                            keeps_all.lookup_alpha(4))  # fmt: skip
+    assert controller.acceptance.lookup_alpha(4) < 0.55 < keeps_all.acceptance.lookup_alpha(4), (
+        controller.acceptance.lookup_alpha(4), keeps_all.acceptance.lookup_alpha(4))  # fmt: skip
 
 
 class WordVocab:
@@ -448,10 +452,9 @@ def test_a_renamed_word_is_learnt_after_a_short_quote() -> None:
     """An edit reply renames within its first tokens (``def summarise_records``): a renamed word is learnt
     where the target wrote it after 4 agreeing tokens, even on a step lookup did not draft; a replaced
     token (or a rename after 3) only where lookup drafted it or after a quote of 16."""
-    from localspec.core.loop import _Request
 
     def learnt(length: int, copied: str, written: str) -> bool:
-        request = _Request.__new__(_Request)
+        request = ReplyLookup.__new__(ReplyLookup)
         request.edits, request.unconfirmed, request.controller = ReplyEdits(WordVocab()), None, None
         match = Match(start=0, length=length, tokens=(word(copied), word(",")))
         request.compare_with_match(match, [word(written)], copied=False)
@@ -495,9 +498,7 @@ def test_a_new_name_of_several_tokens_grows_and_is_read_across_them() -> None:
     assert match.tokens[: len(copied)] == tuple(copied)
     assert NgramDrafter(vocab).lookup(prompt + reply, first).length < len(reply) - 1
     # the loop: learnt at `` running``, grown at ``_sum``, confirmed at `` =`` (the source's next token)
-    from localspec.core.loop import _Request
-
-    request = _Request.__new__(_Request)
+    request = ReplyLookup.__new__(ReplyLookup)
     request.edits, request.unconfirmed, request.controller = ReplyEdits(vocab), None, None
     for written, offered in ((" running", (" total", " =")), ("_sum", (" =",)), (" =", (" =",))):
         request.compare_with_match(Match(0, 8, tuple(map(word, offered))), [word(written)], copied=False)

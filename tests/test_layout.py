@@ -1,9 +1,10 @@
-"""The import rule, read from the code: front ends -> app -> core/llama; llama -> core; no circles.
+"""The import rule, read from the code: front ends -> app -> drafting/core/llama; drafting, llama -> core; no circles.
 
 Every ``import`` and ``from … import`` of a localspec module (top level
 or inside a function) is an arrow. The layers may only point where the rule
 allows, only ``localspec/llama/`` may import llama_cpp, and the module graph
-has no cycles.
+has no cycles. The exact core never imports the speed policy (``drafting``): it
+asks it only through the protocols of ``core/policy.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from .conftest import ROOT
 ALLOWED = {  # layer -> layers it may import
     "core": {"core"},
     "llama": {"llama", "core"},
-    "app": {"app", "core", "llama"},
+    "drafting": {"drafting", "core"},
+    "app": {"app", "core", "llama", "drafting"},
     "cli": {"cli", "app", "core"},
     "bench": {"bench", "app", "core"},
     "serve": {"serve", "app", "core"},
@@ -108,15 +110,24 @@ def test_only_the_llama_layer_imports_llama_cpp() -> None:
             assert layer(module_name(path)) == "llama", path
 
 
+def test_core_never_imports_the_drafting_policy() -> None:
+    """The exact core stays small: the loop receives its policy and drafters, it never imports them."""
+    edges = graph()
+    assert any(layer(m) == "drafting" for m in edges)  # the package is there to be imported
+    assert [f"{source} -> {target}" for source, targets in edges.items() if layer(source) == "core"
+            for target in targets if layer(target) == "drafting"] == []  # fmt: skip
+
+
 def test_the_checks_catch_what_they_look_for() -> None:
-    """Negative controls: an upward arrow, a front end importing another, and a circle are all reported."""
+    """Negative controls: an upward arrow, core importing the drafting policy, a front end importing
+    another, and a circle are all reported."""
     bad = {
-        "localspec.core.loop": {"localspec.app.engine"},
+        "localspec.core.loop": {"localspec.app.engine", "localspec.drafting.adaptive"},
         "localspec.ui.app": {"localspec.cli.main"},
         "localspec.app.engine": {"localspec.app.invariance"},
         "localspec.app.invariance": {"localspec.app.engine"},
     }
-    assert len(violations(bad)) == 2
+    assert len(violations(bad)) == 3
     assert cycles(bad) and set(cycles(bad)[0]) == {"localspec.app.engine", "localspec.app.invariance"}
 
 

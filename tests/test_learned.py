@@ -12,13 +12,15 @@ import json
 
 import pytest
 
-import localspec.core.loop as loop
+import localspec.drafting.policy as policy
 from localspec.app import learned as store
-from localspec.core.adaptive import Learned
-from localspec.core.calibrate import Costs
-from localspec.core.drafters import ModelDrafter
-from localspec.core.loop import GenerationOptions, SpeculativeDecoder
+from localspec.core.loop import SpeculativeDecoder
+from localspec.core.options import GenerationOptions
 from localspec.core.sampling import SamplingParams
+from localspec.drafting.adaptive import Learned
+from localspec.drafting.calibrate import Costs
+from localspec.drafting.drafters import ModelDrafter
+from localspec.drafting.policy import speculative_decoder
 
 from .test_adaptive import ClockedLM, gpu_verify
 
@@ -32,7 +34,7 @@ def clocked_pair() -> SpeculativeDecoder:
     and the draft is the target plus a little noise."""
     target = ClockedLM(V, seed=11, cost=gpu_verify)
     draft = ClockedLM(V, seed=12, base=target, noise=0.3, cost=lambda rows: 0.001 * rows)
-    return SpeculativeDecoder(target, target, ModelDrafter(draft))
+    return speculative_decoder(target, target, ModelDrafter(draft))
 
 
 @pytest.fixture
@@ -43,13 +45,13 @@ def cache(tmp_path, monkeypatch):
 
 def counted_calibrations(monkeypatch) -> list[int]:
     calls: list[int] = []
-    measure = loop.measure_costs
+    measure = policy.measure_costs
 
     def counting(*args, **kwargs):
         calls.append(1)
         return measure(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "measure_costs", counting)
+    monkeypatch.setattr(policy, "measure_costs", counting)
     return calls
 
 
@@ -60,25 +62,27 @@ def test_a_new_decoder_resumes_where_the_last_one_ended(cache, monkeypatch) -> N
     first = clocked_pair()
     first.run([1, 2, 3], PARAMS, OPTIONS)
     assert calibrations == [1]
-    state = first.learned()
+    state = first.policy.learned()
     ((settings, learned_state),) = state.items()
     assert learned_state.examined > 10 and learned_state.costs.verify_s[1] == pytest.approx(gpu_verify(1))
     store.save("pair-key", state, "toy pair")
     assert store.load("pair-key") == state  # exactly, floats and settings included
 
     resumed = clocked_pair()
-    resumed.resume(store.load("pair-key"))
+    resumed.policy.resume(store.load("pair-key"))
     resumed.run([1, 2, 3], PARAMS, OPTIONS)
     assert calibrations == [1]  # no timing before the first step
-    assert resumed.controller.history[0] > 0  # drafts from the first step, as the last reply ended
+    assert resumed.policy.controller.history[0] > 0  # drafts from the first step, as the last reply ended
 
     fresh = clocked_pair()  # control
-    controller = fresh._controller(OPTIONS, PARAMS)
+    controller = fresh.policy._controller(OPTIONS, PARAMS)
     assert calibrations == [1, 1]
-    assert controller.alpha == pytest.approx(controller.alpha_prior)
-    resumed_alpha = SpeculativeDecoder(fresh.target, fresh.target, fresh.drafter)
-    resumed_alpha.resume(state)
-    assert resumed_alpha._controller(OPTIONS, PARAMS).alpha == pytest.approx(first.controller.alpha)
+    assert controller.acceptance.alpha == pytest.approx(controller.acceptance.alpha_prior)
+    resumed_alpha = speculative_decoder(fresh.target, fresh.target, fresh.drafter)
+    resumed_alpha.policy.resume(state)
+    assert resumed_alpha.policy._controller(OPTIONS, PARAMS).acceptance.alpha == pytest.approx(
+        first.policy.controller.acceptance.alpha
+    )
 
 
 def test_new_settings_start_from_the_learnt_costs(cache, monkeypatch) -> None:
@@ -88,11 +92,11 @@ def test_new_settings_start_from_the_learnt_costs(cache, monkeypatch) -> None:
     first = clocked_pair()
     first.run([1, 2, 3], PARAMS, OPTIONS)
     resumed = clocked_pair()
-    resumed.resume(first.learned())
-    controller = resumed._controller(OPTIONS, SamplingParams(temperature=0.0))
+    resumed.policy.resume(first.policy.learned())
+    controller = resumed.policy._controller(OPTIONS, SamplingParams(temperature=0.0))
     assert calibrations == [1]
-    assert controller.alpha == pytest.approx(controller.alpha_prior)
-    assert controller.verify_seconds(1) == pytest.approx(first.controller.verify_seconds(1))
+    assert controller.acceptance.alpha == pytest.approx(controller.acceptance.alpha_prior)
+    assert controller.costs.verify_seconds(1) == pytest.approx(first.policy.controller.costs.verify_seconds(1))
 
 
 STATE = {("rejection", 0.7, 0, 8, True): Learned(Costs({1: 0.02, 4: 0.03}, 0.004, 0.001, 1e-4), 12.5, 20.0,
@@ -187,4 +191,4 @@ def test_a_new_engine_on_the_demo_pair_resumes_the_last_ones_costs(demo_paths, c
     assert calibrations == [1, 1] and store.store_path().exists()
     second = reply(remember=True)
     assert calibrations == [1, 1]  # resumed: nothing timed
-    assert second.costs == list(first.learned().values())[-1].costs
+    assert second.policy.costs == list(first.policy.learned().values())[-1].costs

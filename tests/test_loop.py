@@ -10,13 +10,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from localspec.core.drafters import ModelDrafter, NgramDrafter
+from localspec.app.records import with_position_records
 from localspec.core.errors import ConfigError, PromptTooLongError
 from localspec.core.events import GenerationResult, GenerationStats, StepEvent, TokenEvent, TokenStatus
-from localspec.core.loop import GenerationOptions, SpeculativeDecoder
 from localspec.core.modes import RejectionMode
+from localspec.core.options import GenerationOptions
 from localspec.core.sampling import SamplingParams
 from localspec.core.text import ReplyText
+from localspec.drafting.drafters import ModelDrafter, NgramDrafter
+from localspec.drafting.policy import speculative_decoder
 
 from .toy import ToyLM, greedy_reference
 
@@ -39,7 +41,7 @@ def run(decoder, prompt, params=SamplingParams(temperature=0.8), **options):
 @pytest.mark.parametrize("noise", [0.5, 3.0])  # a good and a bad draft
 def test_greedy_equals_target_only_for_all_prefixes(noise: float) -> None:
     target, draft = pair(noise=noise)
-    speculative = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    speculative = speculative_decoder(target, target, ModelDrafter(draft))
     greedy = SamplingParams(temperature=0.0)
     prompts = [list(p) for n in (1, 2) for p in itertools.product(range(V), repeat=n)]
     for prompt in prompts:
@@ -54,7 +56,7 @@ def test_greedy_equals_target_only_for_all_prefixes(noise: float) -> None:
 
 def test_greedy_with_ngram_drafter_equals_target_only() -> None:
     target, _ = pair()
-    decoder = SpeculativeDecoder(target, target, NgramDrafter(target))
+    decoder = speculative_decoder(target, target, NgramDrafter(target))
     for prompt in itertools.product(range(V), repeat=3):
         expected = greedy_reference(target, prompt, 10)
         got = run(decoder, list(prompt), SamplingParams(temperature=0.0), mode="greedy", max_tokens=10, draft_tokens=4)
@@ -69,9 +71,9 @@ def test_invariant_mode_text_does_not_depend_on_the_drafter() -> None:
     draft_a = ToyLM(V, seed=23, base=target, noise=0.8)
     draft_b = ToyLM(V, seed=99, base=target, noise=3.0)
     decoders = {
-        "draft A": SpeculativeDecoder(target, target, ModelDrafter(draft_a)),
-        "draft B": SpeculativeDecoder(target, target, ModelDrafter(draft_b)),
-        "no draft": SpeculativeDecoder(target, target, None),
+        "draft A": speculative_decoder(target, target, ModelDrafter(draft_a)),
+        "draft B": speculative_decoder(target, target, ModelDrafter(draft_b)),
+        "no draft": speculative_decoder(target, target, None),
     }
     params = SamplingParams(temperature=0.8)
     accepted = {name: 0 for name in decoders}
@@ -94,9 +96,9 @@ def test_invariant_mode_with_filters_and_penalties_does_not_depend_on_the_drafte
     """Filters zero out tokens the draft may still propose; penalties depend on the drafted history."""
     target = ToyLM(V, seed=11, scale=1.6)
     decoders = {
-        "draft": SpeculativeDecoder(target, target, ModelDrafter(ToyLM(V, seed=23, base=target, noise=1.5))),
-        "prompt lookup": SpeculativeDecoder(target, target, NgramDrafter(target)),
-        "no draft": SpeculativeDecoder(target, target, None),
+        "draft": speculative_decoder(target, target, ModelDrafter(ToyLM(V, seed=23, base=target, noise=1.5))),
+        "prompt lookup": speculative_decoder(target, target, NgramDrafter(target)),
+        "no draft": speculative_decoder(target, target, None),
     }
     accepted = 0
     for seed in range(400):
@@ -111,8 +113,8 @@ def test_invariant_mode_with_filters_and_penalties_does_not_depend_on_the_drafte
 
 def test_invariant_mode_with_prompt_lookup_matches_no_draft() -> None:
     target = ToyLM(V, seed=11, scale=1.6)
-    ngram = SpeculativeDecoder(target, target, NgramDrafter(target))
-    plain = SpeculativeDecoder(target, target, None)
+    ngram = speculative_decoder(target, target, NgramDrafter(target))
+    plain = speculative_decoder(target, target, None)
     params = SamplingParams(temperature=0.8)
     for seed in range(300):
         a = run(ngram, [1, 2, 1, 2, 1], params, mode="invariant", max_tokens=16, draft_tokens=3, seed=seed)
@@ -122,7 +124,7 @@ def test_invariant_mode_with_prompt_lookup_matches_no_draft() -> None:
 
 def test_invariant_mode_changes_with_seed_and_request_key() -> None:
     target, draft = pair()
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     params = SamplingParams(temperature=0.8)
     texts = {tuple(run(decoder, [0], params, mode="invariant", max_tokens=16, seed=s).token_ids) for s in range(20)}
     assert len(texts) > 10
@@ -136,7 +138,7 @@ def test_invariant_mode_changes_with_seed_and_request_key() -> None:
 # ---------------------------------------------------------------------------
 def test_statuses_follow_the_verdicts() -> None:
     target, draft = pair()
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     events = list(
         decoder.stream(
             [0, 1], SamplingParams(temperature=0.8), GenerationOptions(max_tokens=40, draft_tokens=3, seed=4)
@@ -166,14 +168,14 @@ def test_statuses_follow_the_verdicts() -> None:
 
 def test_target_only_tokens_are_marked_target() -> None:
     target, draft = pair()
-    result = run(SpeculativeDecoder(target, target, ModelDrafter(draft)), [0], mode="target-only", max_tokens=8)
+    result = run(speculative_decoder(target, target, ModelDrafter(draft)), [0], mode="target-only", max_tokens=8)
     assert result.statuses == [TokenStatus.TARGET] * 8 and result.stats.drafted == 0
 
 
 def test_end_of_generation_token_stops_and_is_not_emitted() -> None:
     target = ToyLM(V, seed=11, scale=1.6, eos=greedy_reference(ToyLM(V, seed=11, scale=1.6), [2], 6)[3])
     draft = ToyLM(V, seed=23, base=target, noise=0.3)
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     result = run(decoder, [2], SamplingParams(temperature=0.0), mode="greedy", max_tokens=50, draft_tokens=4)
     assert result.stop_reason == "eos"
     assert result.token_ids == greedy_reference(target, [2], 50, eos=target.eos)
@@ -188,7 +190,7 @@ def test_drafts_accepted_past_an_end_of_generation_are_not_counted() -> None:
     assert eos != greedy_reference(plain, [2], 6)[0]
     target = ToyLM(V, seed=11, scale=1.6, eos=eos)
     draft = ToyLM(V, seed=23, base=target, noise=0.0)  # identical logits: every draft accepted
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     events = list(decoder.stream([2], SamplingParams(temperature=0.0),
                                  GenerationOptions(mode="greedy", max_tokens=50, draft_tokens=4,
                                                    adaptive=False)))  # fmt: skip
@@ -206,7 +208,7 @@ def test_stats_rebuilt_from_the_steps_equal_the_loops_own() -> None:
     eos = greedy_reference(plain, [2], 6)[1]
     decoders = []
     for target in (ToyLM(V, seed=11, scale=1.6, eos=eos), plain):
-        decoders.append(SpeculativeDecoder(target, target, ModelDrafter(ToyLM(V, seed=23, base=target, noise=0.6))))
+        decoders.append(speculative_decoder(target, target, ModelDrafter(ToyLM(V, seed=23, base=target, noise=0.6))))
     endings = set()
     for seed in range(60):
         decoder = decoders[seed % 2]
@@ -229,7 +231,7 @@ def test_stats_rebuilt_from_the_steps_equal_the_loops_own() -> None:
 
 def test_max_tokens_is_exact_and_limits_the_draft() -> None:
     target, draft = pair(noise=0.1)
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     for n in (1, 2, 5, 9):
         events = list(
             decoder.stream([3], SamplingParams(temperature=0.8), GenerationOptions(max_tokens=n, draft_tokens=4))
@@ -242,7 +244,7 @@ def test_max_tokens_is_exact_and_limits_the_draft() -> None:
 def test_context_full_is_a_clean_stop() -> None:
     target = ToyLM(V, seed=11, scale=1.6, context_size=20)
     draft = ToyLM(V, seed=23, base=target, noise=1.0, context_size=20)
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     result = run(decoder, [0, 1, 2, 3, 4], max_tokens=100, draft_tokens=4)
     assert result.stop_reason == "context_full"
     assert len(result.token_ids) == 20 - 5 + 1  # the last position's token needs no evaluation
@@ -250,7 +252,7 @@ def test_context_full_is_a_clean_stop() -> None:
 
 def test_prompt_longer_than_context_is_refused_with_sizes() -> None:
     target, draft = pair(context_size=8)
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     with pytest.raises(PromptTooLongError, match="9 tokens but the context holds 8"):
         run(decoder, list(range(6)) + [0, 1, 2])
 
@@ -258,12 +260,12 @@ def test_prompt_longer_than_context_is_refused_with_sizes() -> None:
 def test_empty_prompt_is_refused() -> None:
     target, _ = pair()
     with pytest.raises(ConfigError, match="empty"):
-        run(SpeculativeDecoder(target, target, None), [])
+        run(speculative_decoder(target, target, None), [])
 
 
 def test_stop_string_truncates_and_never_shows() -> None:
     target, draft = pair()
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     full = run(decoder, [0], SamplingParams(temperature=0.0), mode="greedy", max_tokens=20)
     stop = full.text[5:7]
     events = list(
@@ -293,7 +295,7 @@ def test_stop_strings_across_steps_in_sampling_mode_with_multibyte_tokens() -> N
     never shows any of it, and does not change the sample before it."""
     target = MultiByteLM(V, seed=11, scale=1.6)
     draft = MultiByteLM(V, seed=23, base=target, noise=1.0)
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     params = SamplingParams(temperature=0.8)
     stops = ["é", "a→", "→ b", "éa"]
     across_steps = split_character = 0
@@ -357,7 +359,7 @@ def test_reply_text_never_breaks_a_character_and_drops_a_dangling_one() -> None:
 
 def test_cancel_stops_within_one_step() -> None:
     target, draft = pair()
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     cancel = threading.Event()
     steps = 0
     for event in decoder.stream([0], SamplingParams(temperature=0.8), GenerationOptions(max_tokens=200), cancel):
@@ -375,7 +377,7 @@ def test_cancel_stops_within_one_step() -> None:
 # ---------------------------------------------------------------------------
 def test_target_cache_holds_committed_tokens_minus_the_last_after_every_step() -> None:
     target, draft = pair()
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     context = [0, 1]
     for event in decoder.stream(
         list(context), SamplingParams(temperature=0.8), GenerationOptions(max_tokens=30, draft_tokens=4)
@@ -395,7 +397,7 @@ def test_second_turn_evaluates_only_new_tokens(mode: str, temperature: float) ->
     fixed K; the toy's logits depend on the prefix alone, so any stale cache entry would change them)."""
     params = SamplingParams(temperature=temperature)
     target, draft = pair()
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     first_prompt = [0, 1, 2, 3]
     first = run(decoder, first_prompt, params, mode=mode, max_tokens=10, seed=3, adaptive=False)
     second_prompt = first_prompt + first.token_ids + [4, 5]
@@ -404,7 +406,7 @@ def test_second_turn_evaluates_only_new_tokens(mode: str, temperature: float) ->
     # pending last) are evaluated before the first step
     assert second.stats.n_prompt_evaluated == 2
     fresh_target, fresh_draft = pair()
-    fresh = run(SpeculativeDecoder(fresh_target, fresh_target, ModelDrafter(fresh_draft)), second_prompt,
+    fresh = run(speculative_decoder(fresh_target, fresh_target, ModelDrafter(fresh_draft)), second_prompt,
                 params, mode=mode, max_tokens=10, seed=4, adaptive=False)  # fmt: skip
     assert fresh.token_ids == second.token_ids
     assert fresh.stats.n_prompt_evaluated == len(second_prompt) - 1
@@ -414,7 +416,7 @@ def test_second_turn_evaluates_only_new_tokens(mode: str, temperature: float) ->
 
 def test_draft_catches_up_on_its_unevaluated_last_proposal() -> None:
     target, draft = pair(noise=0.01)  # near-perfect draft: most steps accept all K
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     result = run(decoder, [0], SamplingParams(temperature=0.0), mode="greedy", max_tokens=30, draft_tokens=3)
     assert result.stats.accepted == result.stats.drafted  # every draft accepted
     # before the next step the draft cache must extend the committed text exactly
@@ -424,7 +426,7 @@ def test_draft_catches_up_on_its_unevaluated_last_proposal() -> None:
 
 def test_smaller_draft_vocabulary_works_end_to_end() -> None:
     target, draft = pair(draft_vocab=V - 2)
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
     assert decoder.vocab_size == V
     result = run(decoder, [0], max_tokens=50, seed=3)
     assert len(result.token_ids) == 50 and result.stats.accepted > 0
@@ -432,8 +434,9 @@ def test_smaller_draft_vocabulary_works_end_to_end() -> None:
 
 def test_detail_records_top_entries_for_every_reached_row() -> None:
     target, draft = pair()
-    decoder = SpeculativeDecoder(target, target, ModelDrafter(draft))
-    events = list(decoder.stream([0], SamplingParams(temperature=0.8), GenerationOptions(max_tokens=20, detail_top=3)))
+    decoder = speculative_decoder(target, target, ModelDrafter(draft))
+    options = GenerationOptions(max_tokens=20, detail_top=3)
+    events = list(with_position_records(decoder.stream([0], SamplingParams(temperature=0.8), options), decoder, 3))
     for step in (e for e in events if isinstance(e, StepEvent)):
         for row in step.rows:
             if row.outcome in ("accepted", "rejected", "bonus"):

@@ -16,10 +16,10 @@ import pytest
 
 from localspec.app.engine import Engine
 from localspec.app.templates import Message, build_messages
-from localspec.core.drafters import NgramDrafter
-from localspec.core.edits import Edit, ReplyEdits
 from localspec.core.model import common_prefix_length
 from localspec.core.sampling import SamplingParams
+from localspec.drafting.drafters import NgramDrafter
+from localspec.drafting.edits import Edit, ReplyEdits
 from localspec.llama import runtime
 
 from .conftest import REAL_PAIR, generate, make_engine, run_cli

@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 
 from localspec.core.errors import ConfigError
-from localspec.core.loop import MAX_DRAFT_TOKENS
 from localspec.core.modes import MODES
+from localspec.core.options import MAX_DRAFT_TOKENS
 from localspec.core.sampling import SamplingParams
 from localspec.core.validation import allowed_text, coerce, setting, validate
 

@@ -27,13 +27,16 @@ from localspec.app.invariance import (
     save_cached,
     suspects,
 )
+from localspec.app.records import with_position_records
 from localspec.app.templates import ChatTemplate, Message, build_messages
 from localspec.app.usertext import clean
-from localspec.core.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from localspec.core.errors import ConfigError, ModelError
 from localspec.core.events import GenerationResult, StepEvent, TokenEvent
-from localspec.core.loop import GenerationOptions, SpeculativeDecoder
+from localspec.core.loop import SpeculativeDecoder
+from localspec.core.options import GenerationOptions
 from localspec.core.perf import target_alone_seconds
+from localspec.drafting.drafters import HybridDrafter, ModelDrafter, NgramDrafter, PolicyDrafter
+from localspec.drafting.policy import speculative_decoder
 
 Progress = Callable[[str, float], None]
 
@@ -63,7 +66,7 @@ class Engine:
         except Exception:
             self.target.close()
             raise
-        self.decoder = SpeculativeDecoder(self.target, self.target, self.drafter)
+        self.decoder = speculative_decoder(self.target, self.target, self.drafter)
         self._learned_key = self._remembered()
         template = self.target.chat_template()
         self.template = (
@@ -80,7 +83,7 @@ class Engine:
         self._target_token_s: float | None = None
         self._ngram_decoder: SpeculativeDecoder | None = None
 
-    def _make_drafter(self, config: Config, progress: Progress | None) -> Drafter | None:
+    def _make_drafter(self, config: Config, progress: Progress | None) -> PolicyDrafter | None:
         spec = config.model.draft.strip()
         if spec.lower() == "none":
             return None
@@ -187,9 +190,11 @@ class Engine:
         self._reconnect_target()
         decoder = self.decoder if drafter is None else self._decoder_with(drafter)
         with self.lock:
-            yield from decoder.stream(prompt, params, options, cancel)
+            yield from with_position_records(
+                decoder.stream(prompt, params, options, cancel), decoder, options.detail_top
+            )
             if decoder is self.decoder and self._learned_key is not None:
-                learned.save(self._learned_key, decoder.learned(), f"{self.pair_name}, {build_id()}")
+                learned.save(self._learned_key, decoder.policy.learned(), f"{self.pair_name}, {build_id()}")
 
     def _remembered(self) -> str | None:
         """Resume what adaptive drafting learnt with this pair, settings, build and machine in an earlier
@@ -202,14 +207,14 @@ class Engine:
             key = learned.identity(self.target_path, self.draft_path, settings | {"draft_buffers": draft_buffers})
         except OSError:
             return None
-        self.decoder.resume(learned.load(key))
+        self.decoder.policy.resume(learned.load(key))
         return key
 
     def _decoder_with(self, drafter: str) -> SpeculativeDecoder:
         if drafter != "ngram":
             raise ConfigError(f"drafter {drafter!r} is unknown; use None (the pair's) or 'ngram'")
         if self._ngram_decoder is None or self._ngram_decoder.target is not self.target:
-            self._ngram_decoder = SpeculativeDecoder(self.target, self.target, NgramDrafter(self.target))
+            self._ngram_decoder = speculative_decoder(self.target, self.target, NgramDrafter(self.target))
         return self._ngram_decoder
 
     def target_token_seconds(self, samples: int = 6, measure: bool = True) -> float | None:
@@ -249,13 +254,13 @@ class Engine:
         shaped by the costs timed before the first adaptive step), else the best timing made so far. A
         reply's speedup is measured against this: the target under the same conditions."""
         best = self.best_target_seconds()
-        costs = self.decoder.costs
+        costs = self.decoder.policy.costs
         shape = dict(costs.verify_s) if costs is not None and costs.verify_s.get(1) else {1: best} if best else {}
         return target_alone_seconds(steps, shape) or best
 
     def best_target_seconds(self) -> float | None:
         """The fastest the target has been timed for one token here (never measures)."""
-        costs = self.decoder.costs
+        costs = self.decoder.policy.costs
         timings = [self._target_token_s, costs.verify_s.get(1) if costs is not None else None]
         return min((t for t in timings if t), default=None)
 
@@ -347,13 +352,13 @@ class Engine:
         with self.lock:
             old, self.target, self.settings = self.target, target, settings
             self.drafter = _lookup_on(self.drafter, target)  # prompt lookup reads the new target's vocabulary
-            self.decoder = SpeculativeDecoder(self.target, self.target, self.drafter)
+            self.decoder = speculative_decoder(self.target, self.target, self.drafter)
             self._target_token_s = None
             self._learned_key = self._remembered()
         old.close()
 
 
-def _lookup_on(drafter: Drafter | None, target) -> Drafter | None:
+def _lookup_on(drafter: PolicyDrafter | None, target) -> PolicyDrafter | None:
     """``drafter`` with its prompt lookup reading ``target``'s vocabulary (after the target was reloaded)."""
     if isinstance(drafter, NgramDrafter):
         return NgramDrafter(target)

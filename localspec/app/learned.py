@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from localspec.app.invariance import build_id, cache_dir
-from localspec.core.adaptive import Learned
-from localspec.core.calibrate import Costs
+from localspec.drafting.adaptive import Learned
+from localspec.drafting.calibrate import Costs
 
 VERSION = 1  # of the entries' layout: a file of another version is ignored
 MAX_ENTRIES = 64  # pairs x settings x builds kept; the least recently saved go first

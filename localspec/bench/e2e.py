@@ -40,7 +40,7 @@ from localspec.app.invariance import llama_build
 from localspec.bench.llamacpp import server_configs, start_servers
 from localspec.core.errors import ConfigError
 from localspec.core.events import GenerationResult, GenerationStats, StepEvent
-from localspec.core.loop import MAX_DRAFT_TOKENS, GenerationOptions
+from localspec.core.options import MAX_DRAFT_TOKENS, GenerationOptions
 from localspec.core.perf import expected_tokens, model_speedup, speedup_verdict
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.yaml")

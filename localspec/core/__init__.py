@@ -1,1 +1,2 @@
-"""Pure numpy: sampling, verification, modes, drafters, the loop and its events (no llama_cpp)."""
+"""Pure numpy, the exact part: sampling, verification, modes, the loop, its events and the protocols it asks
+its drafting policy through (no llama_cpp, no speed policy: see localspec.drafting)."""

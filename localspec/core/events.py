@@ -12,6 +12,11 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+import numpy as np
+
+from localspec.core.modes import Draft, Mode
+from localspec.core.verify import Verdict
+
 
 class TokenStatus(str, Enum):
     """The fate of an emitted token (docs/design.md, Visual language)."""
@@ -75,10 +80,28 @@ class TokenEvent:
 
 
 @dataclass
+class StepEvidence:
+    """What a step's verification read: enough to show each verified row's ``p``, ``q`` and top-N.
+
+    The target rows are borrowed from the model's output buffer (valid until its next decode), so the
+    loop hands this out only while it yields the step (:attr:`StepEvent.evidence`).
+    """
+
+    mode: Mode
+    draft: Draft
+    target_logits: np.ndarray
+    verdict: Verdict
+    history: list[int]  # the context tokens before the step that the mode's penalties look at
+
+
+@dataclass
 class StepEvent:
     """One draft-and-verify step."""
 
     kind = "step"
+    # The step's evidence (a StepEvidence), set only while the loop yields the step: what the per-row records
+    # (``rows``) are built from outside the loop (localspec.app.records). Not part of the event's data.
+    evidence = None
     step: int
     position: int  # absolute position of the first token this step emits
     k: int  # draft tokens requested this step
@@ -87,7 +110,7 @@ class StepEvent:
     n_accepted: int
     emitted: list[int]
     bonus: bool
-    rows: list[PositionRecord]
+    rows: list[PositionRecord]  # filled in outside the loop, from ``evidence`` (empty until then)
     draft_s: float
     verify_s: float
     other_s: float

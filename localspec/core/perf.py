@@ -7,6 +7,12 @@ outside llama.cpp (``t_other``). With per-token acceptance probability
 Target-only decoding emits one token per ``t_target``. Everything here is a
 pure function of those measured numbers, so what the UI and the benchmark
 predict is the same prediction.
+
+It lives in ``core``, not with the policy in ``localspec.drafting``: both the
+policy (which ranks K by it) and the reporting (app, UI, benchmark) read it, and
+``core`` is the one layer below both, while the front ends may not import the
+policy. It holds no state and decides nothing, so it adds nothing the loop's
+exactness depends on.
 """
 
 from __future__ import annotations

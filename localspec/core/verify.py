@@ -44,6 +44,11 @@ class DraftCheck:
     target_token: int | None = None  # the token the target picked here (greedy/invariant/token-match)
 
 
+def finite(value: float) -> float | None:
+    """A check's probability as shown to people: None where it is NaN (the rule did not use it)."""
+    return None if value != value else value
+
+
 @dataclass
 class Verdict:
     """Outcome of verifying one draft."""

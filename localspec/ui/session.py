@@ -23,7 +23,7 @@ from typing import Any
 from localspec.app.config import Config, SamplingConfig, absolute_path, describe
 from localspec.app.trace import Trace
 from localspec.core.errors import ConfigError, LocalspecError
-from localspec.core.loop import GenerationOptions
+from localspec.core.options import GenerationOptions
 from localspec.core.perf import predicted_speedup, slows_down, speedup_verdict
 
 EngineFactory = Callable[[Config], Any]

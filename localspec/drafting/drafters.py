@@ -16,13 +16,11 @@ from typing import Protocol
 
 import numpy as np
 
-from localspec.core.edits import ReplyEdits
 from localspec.core.model import LanguageModel, Vocabulary, common_prefix_length
 from localspec.core.modes import Draft, Mode
+from localspec.core.policy import LOOKUP, MODEL, Drafter
 from localspec.core.sampling import HeadWeights, Weights
-
-MODEL = "model"  # a proposal sampled from the draft model (q rows: the q-rule)
-LOOKUP = "lookup"  # a proposal copied from the context (deterministic: the one-hot rule)
+from localspec.drafting.edits import ReplyEdits
 
 
 @dataclass(frozen=True)
@@ -45,19 +43,13 @@ class Match:
         return len(self.tokens)
 
 
-class Drafter(Protocol):
-    """Proposes up to ``k`` tokens to follow ``context``."""
+class PolicyDrafter(Drafter, Protocol):
+    """A drafter as the policy sees it: besides what the loop asks (:class:`localspec.core.policy.Drafter`),
+    what lookup offers, and what the draft model would have to read first and what that cost last time."""
 
-    name: str
-    # The draft model whose decode time and vocabulary the loop reads; None for a drafter that
-    # evaluates nothing (prompt lookup): its proposals cost no model time and carry no q rows.
-    model: LanguageModel | None
     # Seconds of the last proposal spent catching up on context the drafter had not seen (the prompt,
     # or the tokens of steps it sat out): a one-off, not what drafting a token costs.
     catch_up_s: float
-
-    def prefill(self, context: Sequence[int]) -> None:
-        """Get ready for a request whose prompt is ``context`` (e.g. evaluate it)."""
 
     def backlog(self, context: Sequence[int]) -> int:
         """Tokens of ``context`` a model draft would have to read before drafting, beyond the usual two."""
@@ -65,9 +57,6 @@ class Drafter(Protocol):
     def lookup(self, context: Sequence[int], edits: ReplyEdits | None = None) -> Match | None:
         """What prompt lookup offers after ``context`` (None: nothing, or this drafter does no lookup),
         reading it with the reply's ``edits`` undone."""
-
-    def propose(self, context: Sequence[int], k: int, mode: Mode) -> Draft:
-        """Return at most ``k`` tokens (possibly none); a drafter with a model samples them from it."""
 
 
 class ModelDrafter:
@@ -153,7 +142,7 @@ class NgramDrafter:
     prompt (summaries, code edits, extraction).
 
     It matches text, not token ids, read with the reply's edits undone (see
-    :mod:`localspec.core.edits`): a reply that renames ``orders`` writes
+    :mod:`localspec.drafting.edits`): a reply that renames ``orders`` writes
     ``(records`` where the prompt has ``(`` + ``orders``, so after a rename no
     token sequence of the prompt agrees with the reply's end, while its text
     read with the rename undone does.

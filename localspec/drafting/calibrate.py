@@ -5,12 +5,12 @@ knows nothing has to guess: it used to start at the largest K, which on a CPU
 where the draft costs half a target token makes the first reply pay for a
 model draft that can never win, and makes the draft read the whole prompt
 (seconds for a long one) to find that out. A few timed batches on the
-target and one token on the draft (0.6 s for a 1.5B target on
-two cores) answer the question before the first step: whether the model can
-pay even at acceptance 1, and which verification batch sizes are cheap
-(llama.cpp's CPU kernels change with the number of rows: 16 rows can cost
-less than 12 or 15, and 8 a seventh more than 7).
-The measurements are starting points only; every step's own timings follow.
+target and one token on the draft answer the question before the first
+step: whether the model can pay even at acceptance 1, and which
+verification batch sizes are cheap (llama.cpp's CPU kernels change with the
+number of rows: 16 rows can cost less than 12 or 15). The measurements are
+starting points only; every step's own timings follow. What the timing costs
+and what it changed: docs/performance.md, "A catch-up timed before the first step".
 """
 
 from __future__ import annotations
@@ -42,10 +42,9 @@ def measure_costs(target: LanguageModel, draft: LanguageModel | None = None, row
 
     The catch-up decides whether the model drafts at all in a reply whose prompt the draft has not read:
     it must pay for itself within a horizon of tokens. Without a timing the controller guessed half a
-    drafted token per token read, and on the real pair (a drafted token 12 ms, a token read 1.8 ms)
-    that guess could keep the model out of a whole session: a reply never drafted, so no catch-up was
-    ever timed to correct it (per-function profile of the bench prompts: 5 model steps in 555; with
-    this timing, 208 in 281). The timing costs the first request ~0.1 s."""
+    drafted token per token read, and where a batch reads tokens far cheaper than that (the real pair)
+    the guess could keep the model out of a whole session: a reply never drafted, so no catch-up was
+    ever timed to correct it (docs/performance.md, "A catch-up timed before the first step")."""
     verify = {n: _batch_seconds(target, n) for n in rows if n + 2 <= target.context_size}
     verify = _retime_spikes(target, verify)
     draft_s = catch_up_s = None
@@ -62,11 +61,10 @@ def _retime_spikes(target: LanguageModel, verify: dict[int, float]) -> dict[int,
     """Time again, once, each batch that cost more per row than a smaller one, or more in all than a
     larger one, and keep the faster time.
 
-    Per row, a batch costs less or about the same the larger it is (measured here 25, 17, 17, 16, 14 and
-    9 ms per row for 1, 2, 3, 4, 8 and 16 rows), and in all never less than a smaller one, so a batch
-    that broke either rule was likely caught by another process (or by the process's own slow first
-    decodes: the weak demo target timed 16.6 ms for one row, 15.2 for two, then decoded at 10). One
-    that costs about the same is at worst timed twice. Adaptive drafting takes a size's samples at
+    Per row, a batch costs less or about the same the larger it is, and in all never less than a smaller
+    one, so a batch that broke either rule was likely caught by another process (or by the process's own
+    slow first decodes: docs/performance.md, "Adaptive K"). One that costs about the same is at worst
+    timed twice. Adaptive drafting takes a size's samples at
     their word, and lookup uses 16 rows only if it believes them cheap: one spiked sample would keep
     it from them for the session.
     """
