@@ -157,3 +157,20 @@ def test_the_real_pair_s_target_across_two_servers_writes_its_greedy_text(tmp_pa
     here, _ = generate(local, prompt, GREEDY, mode="target-only", max_tokens=48)
     local.close()
     assert there.token_ids == here.token_ids
+
+
+def test_the_rpc_bench_counts_round_trips_and_predicts_the_delay_s_cost(tmp_path) -> None:
+    """`python -m localspec.bench rpc`: a local server behind a delaying proxy, the target alone and the default
+    at each delay, interleaved; every decode paid at least one round trip the proxy counted."""
+    from .test_bench import bench_module
+
+    runs, table = bench_module("rpc", "--servers", "1", "--delays", "0,2", "--prompts", "chat", "--repeats", "1",
+                               "--max-tokens", "8", tmp_path=tmp_path)  # fmt: skip
+    assert sorted({(r["delay_ms"], r["variant"]) for r in runs}) == [
+        (0.0, "hybrid"),
+        (0.0, "target-only"),
+        (2.0, "hybrid"),
+        (2.0, "target-only"),
+    ]
+    assert all(r["tokens"] > 0 and r["decodes"] > 0 and r["round_trips"] >= r["decodes"] for r in runs)
+    assert "| 2 ms | chat | target-only |" in table and "measured / predicted" in table

@@ -336,13 +336,13 @@ class Engine:
     def _reconnect_target(self) -> None:
         """After an RPC server holding target layers stopped answering (the reply then ended with its name):
         say in one line that it is still down, or reload the target once every server answers again."""
-        if getattr(self.target, "lost_server", None) is None:
+        lost = getattr(self.target, "lost_server", None)
+        if lost is None:
             return
         from localspec.app.remote import reconnect
 
-        reconnect(self.settings.rpc_servers)
         with self.lock:
-            self.target.close()  # first: its buffers on the lost server go with it
+            reconnect(lost, self.target.close)
         self._reload_target({})
 
     def _reload_target(self, overrides: dict) -> None:

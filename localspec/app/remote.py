@@ -56,11 +56,12 @@ def _refuse_busy_port(host: str, port: int) -> None:
             ) from None
 
 
-def reconnect(endpoints: tuple[str, ...]) -> None:
-    """Before a target lost with a server is reloaded: every server must answer again (else the one that
-    does not is named); then llama.cpp's record of the loss is cleared."""
-    for endpoint in endpoints:
-        rpc.probe(endpoint)
+def reconnect(lost: str, close_old: Callable[[], None]) -> None:
+    """Before a target lost with a server is reloaded: that server must answer again (else it is named). The
+    old model is freed while its messages to the lost server are still dropped (the restarted server never
+    held its buffers), then llama.cpp's record of the loss is cleared and its next message connects anew."""
+    rpc.probe(lost)
+    close_old()
     rpc.forget_lost()
 
 

@@ -37,6 +37,7 @@ import yaml
 from localspec.app.config import SpeculativeConfig
 from localspec.app.engine import llama_cpp_default_runs, reference_generator
 from localspec.app.invariance import llama_build
+from localspec.app.remote import server_lines
 from localspec.bench.llamacpp import server_configs, start_servers
 from localspec.core.errors import ConfigError
 from localspec.core.events import GenerationResult, GenerationStats, StepEvent
@@ -364,6 +365,8 @@ def machine(engine) -> dict[str, Any]:
         "weight_buffers": list(engine.target.weight_buffers),
         "draft_weight_buffers": list(engine.draft_model.weight_buffers) if engine.draft_model is not None else [],
         "draft_rows_per_decode": engine.draft_model.rows_per_decode if engine.draft_model is not None else None,
+        "rpc": server_lines(engine.settings.rpc_servers),  # the servers holding target layers, if any
+        "target_layers": dict(getattr(engine.target, "layers_by_device", {})),
     }
 
 
@@ -457,6 +460,10 @@ def hardware_line(report: dict[str, Any]) -> str:
     machine_info = report.get("machine", {})
     offload = machine_info.get("offload", {})
     parts = []
+    if machine_info.get("rpc"):
+        split = " + ".join(f"{device} {n}" for device, n in machine_info.get("target_layers", {}).items())
+        parts.append(f"target layers over RPC ({split}): {'; '.join(machine_info['rpc'])} — on one machine the "
+                     "servers and the draft share the cores, which a second machine would not")  # fmt: skip
     if machine_info.get("gpus"):
         where = f"target {offload.get('target', '?')}" + (f", draft {offload['draft']}" if "draft" in offload else "")
         parts.append(f"GPU: {', '.join(machine_info['gpus'])}; {where}")

@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--pair", default=None, help="a catalog pair (default: config.yaml's)")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads of the local models (0 = all cores)")
     parser.add_argument("--json", dest="json_path", default=None, help="also write every run here")
     args = parser.parse_args(argv)
     config = load_config()
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         config = select_pair(config, args.pair)
     from localspec.app.catalog import resolve_pair
 
-    config = resolve_pair(config)
+    config = resolve_pair(config).with_overrides({"model.threads": args.threads})
     prompts = load_prompts([p for p in (args.prompts or "").split(",") if p] or None)
     delays = [float(d) for d in args.delays.split(",")]
     with ExitStack() as stack:

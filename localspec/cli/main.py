@@ -464,7 +464,7 @@ def chat(state: AppState, no_color: bool, show_status: bool | None, **kwargs: An
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench.png", show_default=True,
               help="Where the PNG plot is written.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as one JSON object.")
-@setting_flags(*PAIR_KEYS, "model.n_ctx", "model.threads", "model.n_gpu_layers")
+@setting_flags(*PAIR_KEYS, "model.n_ctx", "model.threads", "model.n_gpu_layers", "model.rpc_servers")
 @click.pass_obj
 def bench(state: AppState, repeats: int, max_tokens: int, variants: str | None, prompt_names: str | None,
           draft_tokens: int | None, max_k: int, temperature: float | None, reference: bool, llama_cpp: str | None,

@@ -67,7 +67,12 @@ def probe(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> ServerInfo:
     host, port = parse_endpoint(endpoint)
     start_hint = f"start it there with `localspec rpc-server --host {host} --port {port}`"
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise RpcServerError(f"RPC server {endpoint} does not answer ({reason}); {start_hint}") from None
+    try:
+        with sock:
             hello = _exchange(sock, CMD_HELLO, bytes(CAPS_BYTES), None)
             if len(hello) != 4 + CAPS_BYTES:
                 raise RpcServerError(
@@ -85,8 +90,11 @@ def probe(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> ServerInfo:
                 struct.unpack("<QQ", _exchange(sock, CMD_GET_DEVICE_MEMORY, struct.pack("<I", device), 16))
                 for device in range(count)
             )
-    except RpcServerError:
-        raise
+    except TimeoutError:
+        raise RpcServerError(
+            f"RPC server {endpoint} accepted the connection but did not answer within {timeout:g} s: it serves one "
+            "client at a time — is another program using it?"
+        ) from None
     except OSError as error:
         reason = error.strerror or type(error).__name__
         raise RpcServerError(f"RPC server {endpoint} does not answer ({reason}); {start_hint}") from None
@@ -154,13 +162,19 @@ def target_devices(endpoints: tuple[str, ...], needed_bytes: int) -> ctypes.Arra
     splits the layers over them by free memory). Every server is probed and its memory checked first."""
     from localspec.llama.runtime import offload_devices
 
-    servers = [probe(endpoint) for endpoint in endpoints]
+    servers = [probe(endpoint) for endpoint in endpoints if endpoint not in _connected]  # ours answer already
     lib, _ = _library()
     local = [lib.ggml_backend_dev_by_name(device.name.encode()) for device in offload_devices()]
     local_free = sum(device.free_bytes for device in offload_devices())
-    check_memory(servers, needed_bytes - local_free)
+    if servers:
+        check_memory(servers, needed_bytes - local_free)
     chosen = connect(endpoints) + local
     return (ctypes.c_void_p * (len(chosen) + 1))(*chosen, None)
+
+
+# Endpoints this process's llama.cpp holds a connection to. A server serves one client at a time, so a probe
+# of one of them would wait behind our own connection; llama.cpp keeps that connection for the process.
+_connected: set[str] = set()
 
 
 def connect(endpoints: tuple[str, ...]) -> list[int]:
@@ -172,6 +186,7 @@ def connect(endpoints: tuple[str, ...]) -> list[int]:
         registry = add_server(endpoint.encode())
         if not registry:
             raise RpcServerError(f"RPC server {endpoint} has no device to compute on")
+        _connected.add(endpoint)
         found += [lib.ggml_backend_reg_dev_get(registry, i) for i in range(lib.ggml_backend_reg_dev_count(registry))]
     return found
 
