@@ -35,13 +35,12 @@ TEXT = "Speculative decoding must not change a single bit of the output, whichev
 
 
 def models(folder: Path) -> dict[str, Path]:
-    """The real and demo models that are present, and the tiny models (written into ``folder``)."""
+    """The real and demo models that are present, and the tiny models in ``folder`` (written once, by the
+    build running the check, so both builds read the same files)."""
     from localspec.app.catalog import user_models_dir
-    from localspec.llama.tinymodels import tiny_models
 
     present = {name: user_models_dir() / name for name in REAL_AND_DEMO if (user_models_dir() / name).exists()}
-    tiny = tiny_models(user_models_dir() / "SmolLM2-135M-Instruct.F32.gguf", folder)
-    return present | {path.name: path for path in tiny.values()}
+    return present | {path.name: path for path in sorted(folder.glob("tiny.Q*.gguf"))}
 
 
 def logits_of(path: Path) -> dict[str, np.ndarray]:
@@ -103,10 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.against:
         parser.error("--against PYTHON is required")
+    from localspec.app.catalog import user_models_dir
+    from localspec.llama.tinymodels import tiny_models
+
     with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / "tiny"
+        tiny_models(user_models_dir() / "SmolLM2-135M-Instruct.F32.gguf", folder)
         files = []
         for python in (sys.executable, args.against):
-            out, folder = Path(scratch) / f"{len(files)}.npz", Path(scratch) / f"tiny{len(files)}"
+            out = Path(scratch) / f"{len(files)}.npz"
             subprocess.run([python, __file__, "--dump", str(out), "--folder", str(folder)],
                            check=True)  # fmt: skip
             files.append(out)

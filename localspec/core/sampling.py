@@ -23,7 +23,7 @@ from localspec.core.errors import SamplingError
 from localspec.core.validation import setting, validate
 
 #: Top-p needs the sorted head of the distribution; sorting the whole
-#: vocabulary (~2 ms at 150k tokens) is only done when this head is too short.
+#: vocabulary (costly at 150k tokens) is only done when this head is too short.
 _TOP_P_HEAD = 256
 
 
@@ -226,9 +226,8 @@ _SAMPLE_BLOCK = 256
 
 #: The hot path (no filter, no penalty) never writes a whole row: it computes the weights one slice at
 #: a time into a small buffer that stays in the core's cache, keeping only each slice's sum. Writing
-#: the 1.2 MB float64 row of every verified position (V = 151,936) went to memory and page-faulted:
-#: in the real pair's decode loop (edit prompt, T = 0.7) a row cost 0.54-1.15 ms that way, 0.20-0.24
-#: ms in slices.
+#: the 1.2 MB float64 row of every verified position (V = 151,936) went to memory and page-faulted
+#: (docs/performance.md, "Borrowed rows, one-element probabilities, a residual drawn by rejection").
 _SLICE = 32768
 
 
@@ -479,9 +478,9 @@ def draft_weights(
     Rejection sampling is exact for any proposal, provided the token is drawn from the very ``q`` the
     rule divides by and the residual subtracts (docs/design.md, Verification rules), and this one is: a
     :class:`HeadWeights` that draws, and answers ``q(d)``, from the same few weights. What it saves is the
-    draft's full-vocabulary pass: normalising ``q`` over 151,936 tokens in float64 and drawing from it
-    cost ~0.4 ms a drafted token in the real pair's loop, about a sixth of a step's orchestration; the
-    kept head costs one comparison over the row. What the cut tokens would have won, the renormalised
+    draft's full-vocabulary pass, normalising ``q`` over 151,936 tokens in float64 and drawing from it
+    (docs/performance.md, "The draft proposes from its head"); the kept head costs one comparison over
+    the row. What the cut tokens would have won, the renormalised
     head wins back: acceptance did not drop (see :data:`DRAFT_FLOOR`). ``floor = 0`` keeps the full
     distribution."""
     if floor <= 0.0 or params.greedy:

@@ -129,8 +129,8 @@ def draw_from_residual(
     draw keeps ``x`` with probability ``max(0, p(x) - q(x))``: a kept draw has the residual's law
     exactly. The residual's mass is the chance a draw is kept, and a rejection is most likely where
     it is large, so most rejections keep one of their first two or three draws, each a draw from
-    ``p`` and two probabilities; computing the residual passes over both rows of 151,936 tokens
-    (0.9 ms on the real pair). After :data:`RESIDUAL_DRAWS` draws kept nothing (a residual of little
+    ``p`` and two probabilities; computing the residual passes over both rows of every token.
+    After :data:`RESIDUAL_DRAWS` draws kept nothing (a residual of little
     mass) the residual is computed and drawn from; either way the token has the residual's law.
     """
     for _ in range(RESIDUAL_DRAWS):

@@ -158,8 +158,8 @@ def llama_cpp_default_runs() -> bool:
     its tools can be timed as they run by default: not where the user turned extra buffers off
     (``LOCALSPEC_EXTRA_BUFFERS=0``, and then like for like), and on AMX builds only where tiles work or
     batches in the AMX buffer skip them (localspec's AMX patch, whose ``GGML_AMX_NO_TILES`` the tools
-    inherit from this process). Timed with ``--no-repack`` instead, the real pair's target alone ran at
-    9.9 tok/s in llama-server on the AMX VM, against 14.6 in its default placement."""
+    inherit from this process). Timed in plain memory instead, llama-server would be charged for a
+    placement it never runs by default (docs/performance.md, "llama.cpp in its own placement")."""
     choice = extra_buffers_choice()
     if choice in ("0", "1"):
         return choice == "1"

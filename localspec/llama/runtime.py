@@ -35,12 +35,9 @@ except ImportError as _error:  # pragma: no cover - exercised only on a broken i
 # 8+ rows), so a verification batch would not score tokens as the target alone does. localspec's
 # patch (patches/*-kquant-vec-dot-tiled-invariant.patch) makes the x86 vec_dot of Q4_K, Q5_K and Q6_K
 # round exactly like the tiled kernel and keeps that kernel to those types: with it the kernel stays
-# on. For Q4_K_M's Q6_K tensors (its output matrix and half its ffn_down; its Q4_K ones sit in the
-# repacked buffer) a 16-row verification of the real pair's target costs 156-169 ms instead of
-# 183-210, 32 rows 275-299 instead of 356-402, one row the same; for Q4_K and Q5_K weights outside
-# the repack (a Q5_K_M model) 16 rows of a matrix cost a third. A build without the patch gets the
-# kernel turned off. Read once by llama.cpp at its first matmul; an explicit GGML_CPU_TILED_MM wins
-# (the doctor says what it does).
+# on, and verification batches of 8+ rows stay cheaper (docs/performance.md, "Small batches"). A build
+# without the patch gets the kernel turned off. Read once by llama.cpp at its first matmul; an explicit
+# GGML_CPU_TILED_MM wins (the doctor says what it does).
 TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
 TILED_PATCH = "kquant_vec_dot_tiled_invariant"  # the patch that makes the tiled kernel invariant (build_patches)
 EXTRA_BUFFERS_ENV = "LOCALSPEC_EXTRA_BUFFERS"  # 1: extra buffers (AMX tiles included) for both models; 0: none
@@ -56,13 +53,12 @@ class ComputeThread:
     The CPU backend is built with OpenMP, and libgomp keeps a pool of worker
     threads for every thread that ever opened a parallel region. Once the
     threads it manages outnumber the CPUs, every barrier stops spinning and
-    sleeps in the kernel instead — and a decode has hundreds of barriers.
-    Measured on two cores: a pair loaded on one thread and decoded on
-    another (the UI loads at start-up and replies on Gradio's worker threads)
-    decoded the F32 target at 74 ms per token instead of 31, and the AMX
-    draft at 97 ms instead of 8; the UI showed 0.8x where the benchmark
-    showed 2x. Callers wait for the result as if they had called llama.cpp
-    themselves; the hand-over costs about 0.1 ms per decode (a draft token: ~8 ms).
+    sleeps in the kernel instead — and a decode has hundreds of barriers:
+    a pair loaded on one thread and decoded on another (the UI loads at
+    start-up and replies on Gradio's worker threads) ran at less than half
+    speed (docs/design.md, llama.cpp integration). Callers wait for the result
+    as if they had called llama.cpp themselves; the hand-over is a small
+    fraction of a decode.
     """
 
     def __init__(self) -> None:
