@@ -174,3 +174,44 @@ def test_the_rpc_bench_counts_round_trips_and_predicts_the_delay_s_cost(tmp_path
     ]
     assert all(r["tokens"] > 0 and r["decodes"] > 0 and r["round_trips"] >= r["decodes"] for r in runs)
     assert "| 2 ms | chat | target-only |" in table and "measured / predicted" in table
+
+
+def test_a_chat_keeps_what_was_written_when_a_server_dies_and_goes_on_when_it_is_back(tmp_path) -> None:
+    """What the UI and the terminal chat run (app/conversation.py): the cut reply stays in the conversation with
+    the server's name as its error, a message sent while the server is down is kept with the reason, and the
+    chat goes on once the server answers again."""
+    from localspec.app.conversation import Conversation
+    from localspec.core.events import TokenEvent as Token
+
+    require(TARGET, DRAFT)
+    port = _free_port()
+    with rpc_server(tmp_path) as (steady, _), ExitStack() as stack:
+        lost, proc = stack.enter_context(rpc_server(tmp_path, port))
+        engine = make_engine(TARGET, DRAFT, **{"model.rpc_servers": [steady, lost], "sampling.max_tokens": 120})
+        try:
+            chat = Conversation()
+            seen = 0
+            for event in chat.reply(engine, engine.config, "Count from one to fifty in words."):
+                seen += isinstance(event, Token)
+                if seen == 3 and proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait()
+            cut = chat.turns[-1]
+            assert lost in cut.trace.error and cut.reply and not cut.replied  # the partial reply is kept
+
+            list(chat.reply(engine, engine.config, "Are you there?"))
+            down = chat.turns[-1]
+            assert down.user == "Are you there?" and lost in down.trace.error and "does not answer" in down.trace.error
+
+            stack.close()
+            with rpc_server(tmp_path, port):
+                list(chat.reply(engine, engine.config, "And now?"))
+                assert not chat.turns[-1].trace.error and chat.turns[-1].reply
+                assert [turn.user for turn in chat.turns] == [
+                    "Count from one to fifty in words.",
+                    "Are you there?",
+                    "And now?",
+                ]
+                engine.close()  # before the server stops
+        finally:
+            engine.close()
