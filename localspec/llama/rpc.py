@@ -164,8 +164,9 @@ def target_devices(endpoints: tuple[str, ...], needed_bytes: int) -> ctypes.Arra
 
     servers = [probe(endpoint) for endpoint in endpoints if endpoint not in _connected]  # ours answer already
     lib, _ = _library()
-    local = [lib.ggml_backend_dev_by_name(device.name.encode()) for device in offload_devices()]
-    local_free = sum(device.free_bytes for device in offload_devices())
+    gpus = offload_devices()
+    local = [lib.ggml_backend_dev_by_name(device.name.encode()) for device in gpus]
+    local_free = sum(device.free_bytes for device in gpus)
     if servers:
         check_memory(servers, needed_bytes - local_free)
     chosen = connect(endpoints) + local

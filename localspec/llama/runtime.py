@@ -45,6 +45,7 @@ AMX_NO_TILES_ENV = "GGML_AMX_NO_TILES"  # read by localspec's AMX patches: batch
 AMX_ROWS_PATCH = "speed_amx_rows_without_tiles"  # the patch that reads that variable
 AMX_STREAMED_PATCH = "speed_amx_streamed_rows"  # the patch with batch kernels on top of it
 PATCH_SYMBOL = "localspec_patch_"  # each patch exports localspec_patch_<its name> (patches/series)
+PATCHED_LIBRARIES = ("ggml-base", "ggml-cpu", "ggml-rpc")  # the libraries patches/series changes
 
 
 class ComputeThread:
@@ -167,14 +168,18 @@ def build_stamp() -> dict | None:
 def build_patches() -> tuple[str, ...]:
     """localspec's patches in the llama.cpp this process loads, as each announces itself: an exported
     symbol ``localspec_patch_<name>`` (``-`` as ``_``) in the ggml library it changes, found in the export
-    tables of the wheel's ggml libraries (read as bytes: opening a second copy of a library would give it
-    state of its own). A stock build has none."""
+    tables of the libraries patches change (read as bytes: opening a second copy of a library would give
+    it state of its own). One file per library: the wheel holds a copy under each of its names, and a
+    GPU backend's library, which no patch touches, can be hundreds of MB. A stock build has none."""
     import llama_cpp
 
+    folder = Path(llama_cpp.__file__).parent / "lib"
+    symbol = re.compile(re.escape(PATCH_SYMBOL.encode()) + rb"(\w+)")
     found: set[str] = set()
-    for library in (Path(llama_cpp.__file__).parent / "lib").glob("*ggml*"):
-        if library.is_file():
-            found |= {m.decode() for m in re.findall(rb"localspec_patch_(\w+)", library.read_bytes())}
+    for library in PATCHED_LIBRARIES:
+        copies = sorted(path for path in folder.glob(f"*{library}*") if path.is_file())
+        if copies:
+            found |= {name.decode() for name in symbol.findall(copies[0].read_bytes())}
     return tuple(sorted(found))
 
 
