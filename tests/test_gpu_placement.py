@@ -47,6 +47,20 @@ def test_the_gpu_split_follows_llama_cpps_rule() -> None:
     assert CPU_ONLY.describe() == "on the CPU"
 
 
+def test_an_rpc_target_s_output_layer_kept_here_is_the_cpu_placement_s_business() -> None:
+    """model.rpc_output "local": every block on the servers, the output layer in this machine's memory
+    (so a hidden state crosses the network per row, not a row of logits); the CPU decisions then cover it."""
+    from dataclasses import replace
+
+    servers = ("RPC[10.0.0.2:50052]", "RPC[10.0.0.3:50052]")
+    split = replace(offload_plan(28, -1, servers), output_here=True)
+    assert split.on_cpu("output.weight") and split.on_cpu("output_norm.weight")
+    assert not split.on_cpu("blk.0.attn_q.weight") and not split.on_cpu("blk.27.ffn_down.weight")
+    assert not split.everything  # a matrix stays here
+    assert split.describe() == "all 28 layers on RPC[10.0.0.2:50052] + RPC[10.0.0.3:50052], the output here"
+    assert offload_plan(28, -1, servers).everything  # the control: without it, nothing stays here
+
+
 def test_layers_go_to_gpus_and_integrated_gpus_only_where_there_is_no_gpu() -> None:
     assert runtime.offload_devices((CPU, IGPU, H200)) == (H200,)
     assert runtime.offload_devices((CPU, IGPU)) == (IGPU,)

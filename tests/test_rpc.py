@@ -62,6 +62,36 @@ def servers(tmp_path_factory):
         yield [stack.enter_context(rpc_server(folder))[0] for _ in range(2)]
 
 
+def test_the_output_layer_stays_here_so_no_logits_cross_the_network(servers) -> None:
+    """model.rpc_output: "local" computes the output layer here, so each row costs the network a hidden state;
+    "remote" (the default, and the control) brings back a row of logits per row. The logits are the same bits."""
+    from localspec.bench.delay import DelayProxy
+    from localspec.llama.model import LlamaModel, LlamaSettings
+
+    proxies = [DelayProxy(endpoint, 0.0).start() for endpoint in servers]  # counts the bytes each way
+    logits, received = {}, {}
+    try:
+        for output in ("local", "remote"):
+            settings = LlamaSettings(n_ctx=512, threads=TEST_THREADS, rpc_servers=tuple(p.endpoint for p in proxies),
+                                     rpc_output=output)  # fmt: skip
+            model = LlamaModel(TARGET, settings)
+            try:
+                assert model.placement.offload.output_here == (output == "local")
+                tokens = model.tokenize("Only a hidden state per row should cross the network. " * 2)
+                before = sum(p.bytes_sent["server"] for p in proxies)
+                logits[output] = np.asarray(model.extend(tokens, len(tokens)))
+                received[output] = sum(p.bytes_sent["server"] for p in proxies) - before
+            finally:
+                model.close()
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+    rows, vocab = logits["local"].shape
+    assert received["remote"] >= rows * vocab * 4  # the control: every row's logits came back
+    assert received["local"] < vocab * 4  # less than one row of logits for all the rows
+    assert np.array_equal(logits["local"].view(np.uint32), logits["remote"].view(np.uint32))
+
+
 def test_the_split_target_computes_the_local_target_s_logits(servers) -> None:
     from localspec.llama.model import LlamaModel, LlamaSettings
 
@@ -161,19 +191,22 @@ def test_the_real_pair_s_target_across_two_servers_writes_its_greedy_text(tmp_pa
 
 def test_the_rpc_bench_counts_round_trips_and_predicts_the_delay_s_cost(tmp_path) -> None:
     """`python -m localspec.bench rpc`: a local server behind a delaying proxy, the target alone and the default
-    at each delay, interleaved; every decode paid at least one round trip the proxy counted."""
+    on each link, interleaved; every decode paid at least one round trip the proxy counted, and only with the
+    output layer on the server did a row of logits per decode come back."""
     from .test_bench import bench_module
 
-    runs, table = bench_module("rpc", "--servers", "1", "--delays", "0,2", "--prompts", "chat", "--repeats", "1",
-                               "--max-tokens", "8", tmp_path=tmp_path)  # fmt: skip
-    assert sorted({(r["delay_ms"], r["variant"]) for r in runs}) == [
-        (0.0, "hybrid"),
-        (0.0, "target-only"),
-        (2.0, "hybrid"),
-        (2.0, "target-only"),
+    runs, table = bench_module("rpc", "--servers", "1", "--delays", "0,2", "--outputs", "local,remote", "--prompts",
+                               "chat", "--repeats", "1", "--max-tokens", "8", tmp_path=tmp_path)  # fmt: skip
+    assert sorted({(r["delay_ms"], r["output"], r["variant"]) for r in runs}) == [
+        (delay, output, variant)
+        for delay in (0.0, 2.0)
+        for output in ("local", "remote")
+        for variant in ("hybrid", "target-only")
     ]
     assert all(r["tokens"] > 0 and r["decodes"] > 0 and r["round_trips"] >= r["decodes"] for r in runs)
-    assert "| 2 ms | chat | target-only |" in table and "measured / predicted" in table
+    row_of_logits = 49152 * 4  # the demo target's vocabulary in floats
+    assert all((r["received"] / r["decodes"] >= row_of_logits) == (r["output"] == "remote") for r in runs)
+    assert "| 2 ms, output local | chat | target-only |" in table and "measured / predicted" in table
 
 
 def test_a_chat_keeps_what_was_written_when_a_server_dies_and_goes_on_when_it_is_back(tmp_path) -> None:

@@ -53,6 +53,12 @@ class ModelConfig(_Section):
     rpc_servers: tuple[str, ...] = setting(
         (), "llama.cpp RPC servers (host:port) that hold the target's layers; the draft stays local"
     )
+    rpc_output: str = setting(
+        "remote",
+        "where an RPC target's output layer runs without a local GPU: remote (llama.cpp's way) sends a row "
+        "of logits back per row (600 KiB for a 152k vocabulary), local a hidden state but computes it here",
+        choices=("local", "remote"),
+    )
 
 
 @dataclass(frozen=True)

@@ -380,6 +380,7 @@ def llama_settings(config: Config):
         flash_attention=model.flash_attention,
         use_mmap=model.use_mmap,
         rpc_servers=model.rpc_servers,
+        rpc_output=model.rpc_output,
     )
 
 

@@ -1,8 +1,10 @@
-"""A TCP proxy on loopback that delays every byte: a network's round trip where the kernel has no netem.
+"""A TCP proxy on loopback that delays every byte: a network link where the kernel has no netem.
 
 Each direction of each connection is a queue: a chunk read at time t is written at t + delay / 2, in
-order, so a request and its answer pay the whole ``delay`` once, as over a real link. The proxy also
-counts round trips: each time the server starts answering after the client spoke.
+order, so a request and its answer pay the whole ``delay`` once, as over a real link. With a bandwidth,
+each direction is also a link that sends one chunk at a time at that rate, so a megabyte of logits costs
+what it costs on a LAN. The proxy also counts round trips (each time the server starts answering after
+the client spoke) and the bytes each way.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from dataclasses import dataclass, field
 
 @dataclass
 class DelayProxy:
-    """``listen`` (a free loopback port) forwards to ``upstream`` (host:port) with ``delay_s`` per round trip."""
+    """``listen`` (a free loopback port) forwards to ``upstream`` (host:port) with ``delay_s`` per round trip
+    and, if given, ``bits_per_s`` each way."""
 
     upstream: str
     delay_s: float
+    bits_per_s: float | None = None
     round_trips: int = 0
+    bytes_sent: dict[str, int] = field(default_factory=lambda: {"client": 0, "server": 0})  # by who spoke
     endpoint: str = ""
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -63,11 +68,16 @@ class DelayProxy:
                 writer.close()
 
             delivering = asyncio.ensure_future(deliver())
+            link_free = 0.0  # when this direction's link has sent what it was given
             while data := await reader.read(1 << 16):
                 if speaker == "server" and last[0] == "client":
                     self.round_trips += 1
                 last[0] = speaker
-                queue.put_nowait((time.perf_counter() + self.delay_s / 2, data))
+                self.bytes_sent[speaker] += len(data)
+                sent = time.perf_counter()
+                if self.bits_per_s:
+                    link_free = sent = max(sent, link_free) + len(data) * 8 / self.bits_per_s
+                queue.put_nowait((sent + self.delay_s / 2, data))
             queue.put_nowait(None)
             await delivering
 

@@ -1,13 +1,15 @@
 """``python -m localspec.bench rpc``: the target across llama.cpp RPC servers, behind added round-trip delay.
 
 Starts ``--servers`` ``localspec rpc-server`` processes on loopback (or takes ``--rpc`` endpoints), and
-for each added delay (``--delays``, ms per round trip) puts a delaying proxy (:mod:`localspec.bench.delay`)
-in front of each server, loads the pair with the target's layers on the servers through the proxies (the
+for each link (``--delays`` in ms per round trip, ``--mbit`` each way, ``--outputs``: whether the target's
+output layer runs on the last server or here) puts a delaying proxy (:mod:`localspec.bench.delay`) in front
+of each server, loads the pair with the target's layers on the servers through the proxies (the
 draft local) and times the target alone and the default (adaptive model + lookup) on every prompt,
-interleaved as ``localspec bench`` does. Per delay and variant: tokens/s, the speedup, the round trips per
-target decode the proxies counted, and the cost model's network term: predicted seconds = the variant's
-seconds at the first delay + its target decodes x round trips per decode x the added delay. On one
-machine the servers and the local draft share the cores, which a real second machine would not.
+interleaved as ``localspec bench`` does. Per link and variant: tokens/s, the speedup, the round trips per
+target decode and the KiB per token the proxies counted, and the cost model's network term: predicted
+seconds = the variant's seconds on the placement's first link + its target decodes x (round trips per
+decode x the added delay + bytes per decode / the bandwidth). On one machine the servers and the local
+draft share the cores, which a real second machine would not.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import statistics
 import subprocess
 import sys
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,20 @@ from localspec.bench.e2e import VARIANTS, Bench, BenchSettings, load_prompts
 from localspec.bench.markdown import table
 
 BENCH_VARIANTS = ("target-only", "hybrid")
+
+
+@dataclass(frozen=True)
+class Link:
+    """What the proxies add between here and the servers, and where the target's output layer runs."""
+
+    delay_ms: float
+    mbit_s: float  # 0: loopback's own rate
+    output: str  # model.rpc_output: "local" (the output layer here) or "remote" (on the last server)
+
+    @property
+    def name(self) -> str:
+        rate = f", {self.mbit_s:g} Mbit/s" if self.mbit_s else ""
+        return f"{self.delay_ms:g} ms{rate}, output {self.output}"
 
 
 @contextmanager
@@ -65,14 +82,22 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def measure(config, endpoints: list[str], delay_ms: float, prompts, repeats: int, max_tokens: int) -> list[dict]:
-    """One delay: the pair loaded through a delaying proxy per server, every (repeat, prompt, variant) in turn."""
+def measure(config, endpoints: list[str], link: Link, prompts, repeats: int, max_tokens: int) -> list[dict]:
+    """One link: the pair loaded through a delaying proxy per server, every (repeat, prompt, variant) in turn."""
     with ExitStack() as stack:
-        proxies = [DelayProxy(endpoint, delay_ms / 1000).start() for endpoint in endpoints]
+        rate = link.mbit_s * 1e6 or None
+        proxies = [DelayProxy(endpoint, link.delay_ms / 1000, rate).start() for endpoint in endpoints]
         for proxy in proxies:
             stack.callback(proxy.stop)
-        engine = Engine(config.with_overrides({"model.rpc_servers": [p.endpoint for p in proxies],
-                                               "speculative.remember": False}))  # fmt: skip
+        engine = Engine(
+            config.with_overrides(
+                {
+                    "model.rpc_servers": [p.endpoint for p in proxies],
+                    "model.rpc_output": link.output,
+                    "speculative.remember": False,
+                }
+            )
+        )
         stack.callback(engine.close)
         bench = Bench(engine, BenchSettings(variants=BENCH_VARIANTS, max_tokens=max_tokens))
         tokens = {p["name"]: bench.prompt_tokens(p["prompt"]) for p in prompts}
@@ -82,14 +107,15 @@ def measure(config, endpoints: list[str], delay_ms: float, prompts, repeats: int
         for repeat in range(repeats):
             for prompt in prompts:
                 for name in BENCH_VARIANTS:
-                    trips, decodes = sum(p.round_trips for p in proxies), engine.target.n_decodes
+                    before = _counters(proxies, engine)
                     run = bench.run_one(VARIANTS[name], prompt["name"], tokens[prompt["name"]], repeat, max_tokens)
-                    rows.append({"delay_ms": delay_ms, "variant": name, "prompt": prompt["name"], "repeat": repeat,
+                    after = _counters(proxies, engine)
+                    rows.append({"link": link.name, "delay_ms": link.delay_ms, "mbit_s": link.mbit_s,
+                                 "output": link.output, "variant": name, "prompt": prompt["name"], "repeat": repeat,
                                  "tokens": run.stats.n_tokens, "seconds": run.stats.decode_s,
-                                 "decodes": engine.target.n_decodes - decodes,
-                                 "round_trips": sum(p.round_trips for p in proxies) - trips})  # fmt: skip
+                                 **{key: after[key] - before[key] for key in after}})  # fmt: skip
                     print(
-                        f"{delay_ms:g} ms {name} {prompt['name']} #{repeat}: {rows[-1]['tokens']} tokens, "
+                        f"{link.name} {name} {prompt['name']} #{repeat}: {rows[-1]['tokens']} tokens, "
                         f"{rows[-1]['tokens'] / rows[-1]['seconds']:.1f} tok/s",
                         file=sys.stderr,
                         flush=True,
@@ -97,37 +123,54 @@ def measure(config, endpoints: list[str], delay_ms: float, prompts, repeats: int
         return rows
 
 
+def _counters(proxies: list[DelayProxy], engine: Engine) -> dict[str, int]:
+    """The running totals a run's row takes the difference of."""
+    return {"decodes": engine.target.n_decodes, "round_trips": sum(p.round_trips for p in proxies),
+            "received": sum(p.bytes_sent["server"] for p in proxies),
+            "sent": sum(p.bytes_sent["client"] for p in proxies)}  # fmt: skip
+
+
 def summary(rows: list[dict]) -> list[dict[str, Any]]:
-    """Medians per (delay, variant, prompt), the speedup over the target alone, and the network term's prediction."""
+    """Medians per (link, prompt, variant), the speedup over the target alone on that link, and the network
+    term's prediction: the same output placement's seconds on the first (fastest) link, plus per target
+    decode the round trips times the added delay and the bytes over the bandwidth."""
     out = []
-    keys = sorted({(r["delay_ms"], r["prompt"], r["variant"]) for r in rows})
-    first_delay = min(r["delay_ms"] for r in rows)
-    for delay, prompt, variant in keys:
-        mine = [r for r in rows if (r["delay_ms"], r["prompt"], r["variant"]) == (delay, prompt, variant)]
-        base = [r for r in rows if (r["delay_ms"], r["prompt"], r["variant"]) == (first_delay, prompt, variant)]
+    for key in dict.fromkeys((r["link"], r["prompt"], r["variant"]) for r in rows):
+        mine = [r for r in rows if (r["link"], r["prompt"], r["variant"]) == key]
+        first = next(r for r in rows if r["output"] == mine[0]["output"])  # that placement's fastest link
+        base = [r for r in rows if (r["link"], r["prompt"], r["variant"]) == (first["link"], *key[1:])]
         seconds_per_token = statistics.median(r["seconds"] / r["tokens"] for r in mine)
-        trips_per_decode = sum(r["round_trips"] for r in mine) / max(1, sum(r["decodes"] for r in mine))
-        decodes_per_token = sum(r["decodes"] for r in mine) / sum(r["tokens"] for r in mine)
-        predicted = statistics.median(r["seconds"] / r["tokens"] for r in base) + decodes_per_token * (
-            trips_per_decode * (delay - first_delay) / 1000
+        tokens, decodes = sum(r["tokens"] for r in mine), max(1, sum(r["decodes"] for r in mine))
+        trips_per_decode = sum(r["round_trips"] for r in mine) / decodes
+        bytes_per_decode = sum(r["received"] + r["sent"] for r in mine) / decodes
+        network = network_seconds(mine[0], trips_per_decode, bytes_per_decode) - network_seconds(
+            first, trips_per_decode, bytes_per_decode
         )
-        out.append({"delay_ms": delay, "prompt": prompt, "variant": variant, "tok_s": 1 / seconds_per_token,
-                    "trips_per_decode": trips_per_decode, "decodes_per_token": decodes_per_token,
+        predicted = statistics.median(r["seconds"] / r["tokens"] for r in base) + decodes / tokens * network
+        out.append({"link": key[0], "prompt": key[1], "variant": key[2], "tok_s": 1 / seconds_per_token,
+                    "trips_per_decode": trips_per_decode, "decodes_per_token": decodes / tokens,
+                    "kib_per_token": sum(r["received"] + r["sent"] for r in mine) / tokens / 1024,
                     "predicted_tok_s": 1 / predicted,
                     "measured_over_predicted": predicted / seconds_per_token})  # fmt: skip
     for row in out:
-        alone = next(r for r in out if (r["delay_ms"], r["prompt"], r["variant"]) ==
-                     (row["delay_ms"], row["prompt"], "target-only"))  # fmt: skip
+        alone = next(r for r in out if (r["link"], r["prompt"], r["variant"]) ==
+                     (row["link"], row["prompt"], "target-only"))  # fmt: skip
         row["speedup"] = row["tok_s"] / alone["tok_s"]
     return out
 
 
+def network_seconds(run: dict, trips_per_decode: float, bytes_per_decode: float) -> float:
+    """What the link adds to one target decode: its round trips' delay, and its bytes at its bandwidth."""
+    wire = bytes_per_decode * 8 / (run["mbit_s"] * 1e6) if run["mbit_s"] else 0.0
+    return trips_per_decode * run["delay_ms"] / 1000 + wire
+
+
 def render(rows: list[dict[str, Any]], header: str) -> str:
-    columns = ["added delay", "prompt", "variant", "tok/s", "× target alone", "round trips / decode",
-               "decodes / token", "predicted tok/s", "measured / predicted"]  # fmt: skip
-    cells = [[f"{r['delay_ms']:g} ms", r["prompt"], r["variant"], f"{r['tok_s']:.1f}", f"{r['speedup']:.2f}",
-              f"{r['trips_per_decode']:.2f}", f"{r['decodes_per_token']:.2f}", f"{r['predicted_tok_s']:.1f}",
-              f"{r['measured_over_predicted']:.2f}"] for r in rows]  # fmt: skip
+    columns = ["link", "prompt", "variant", "tok/s", "× target alone", "round trips / decode", "decodes / token",
+               "KiB / token", "predicted tok/s", "measured / predicted"]  # fmt: skip
+    cells = [[r["link"], r["prompt"], r["variant"], f"{r['tok_s']:.1f}", f"{r['speedup']:.2f}",
+              f"{r['trips_per_decode']:.2f}", f"{r['decodes_per_token']:.2f}", f"{r['kib_per_token']:.0f}",
+              f"{r['predicted_tok_s']:.1f}", f"{r['measured_over_predicted']:.2f}"] for r in rows]  # fmt: skip
     return header + "\n\n" + table(columns, cells)
 
 
@@ -137,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", type=int, default=2, help="local servers to start when no --rpc is given")
     parser.add_argument("--server-threads", type=int, default=1, help="CPU threads of each local server")
     parser.add_argument("--delays", default="0,1,5", help="added round-trip delays in ms, comma-separated")
+    parser.add_argument("--mbit", type=float, default=0, help="the link's rate each way in Mbit/s (0: loopback's)")
+    parser.add_argument(
+        "--outputs", default="remote", help="where the target's output layer runs: remote, local or both (comma)"
+    )
     parser.add_argument("--prompts", default=None, help="prompt names (default: all)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=96)
@@ -153,12 +200,13 @@ def main(argv: list[str] | None = None) -> int:
 
     config = resolve_pair(config).with_overrides({"model.threads": args.threads})
     prompts = load_prompts([p for p in (args.prompts or "").split(",") if p] or None)
-    delays = [float(d) for d in args.delays.split(",")]
+    delays = [float(delay) for delay in args.delays.split(",")]
+    links = [Link(delay, args.mbit, output) for output in args.outputs.split(",") for delay in delays]
     with ExitStack() as stack:
         endpoints = args.rpc or stack.enter_context(local_servers(args.servers, args.server_threads))
         rows = []
-        for delay in delays:
-            rows += measure(config, endpoints, delay, prompts, args.repeats, args.max_tokens)
+        for link in links:
+            rows += measure(config, endpoints, link, prompts, args.repeats, args.max_tokens)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(rows, indent=1))
     where = ", ".join(args.rpc) if args.rpc else f"{args.servers} local servers ({args.server_threads} thread each)"

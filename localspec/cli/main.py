@@ -43,6 +43,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "model.threads": ("--threads",),
     "model.n_gpu_layers": ("--n-gpu-layers", "-ngl"),
     "model.rpc_servers": ("--rpc",),
+    "model.rpc_output": ("--rpc-output",),
     "chat.chat_template": ("--chat/--raw",),
     "chat.system_prompt": ("--system",),
     "ui.host": ("--host",),
@@ -334,7 +335,7 @@ def progress_bar() -> Iterator[tuple[Callable[[str, int, int], None], Callable[[
 
 # ----------------------------------------------------------------------
 @cli.command()
-@setting_flags(*PAIR_KEYS, "model.n_gpu_layers", "model.rpc_servers")
+@setting_flags(*PAIR_KEYS, "model.n_gpu_layers", "model.rpc_servers", "model.rpc_output")
 @click.pass_obj
 def doctor(state: AppState, **kwargs: Any) -> None:
     """Check the build, the machine, and whether batched logits are bit-identical to sequential ones."""
@@ -464,7 +465,9 @@ def chat(state: AppState, no_color: bool, show_status: bool | None, **kwargs: An
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench.png", show_default=True,
               help="Where the PNG plot is written.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as one JSON object.")
-@setting_flags(*PAIR_KEYS, "model.n_ctx", "model.threads", "model.n_gpu_layers", "model.rpc_servers")
+@setting_flags(
+    *PAIR_KEYS, "model.n_ctx", "model.threads", "model.n_gpu_layers", "model.rpc_servers", "model.rpc_output"
+)
 @click.pass_obj
 def bench(state: AppState, repeats: int, max_tokens: int, variants: str | None, prompt_names: str | None,
           draft_tokens: int | None, max_k: int, temperature: float | None, reference: bool, llama_cpp: str | None,

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +66,7 @@ class LlamaSettings:
     use_mmap: bool = True
     extra_buffers: bool | None = None  # None: decided per role by weight_placement; False/True: forced
     rpc_servers: tuple[str, ...] = ()  # llama.cpp RPC servers for the target's layers (llama/rpc.py)
+    rpc_output: str = "remote"  # their output layer on the last server, or "local" (a hidden state per row crosses)
 
     def resolved_threads(self) -> int:
         if self.threads > 0:
@@ -98,8 +99,11 @@ def choose_placement(settings: LlamaSettings, role: str, path: Path) -> WeightPl
     """Where ``role``'s weights go under ``settings``: llama.cpp's GPU split first, then for what stays on
     the CPU the placement :func:`weight_placement` chooses, or the extra buffers ``settings`` forces."""
     remote = tuple(f"RPC[{endpoint}]" for endpoint in settings.rpc_servers) if role == "target" else ()
-    gpus = remote + tuple(device.name for device in offload_devices()) if settings.n_gpu_layers != 0 else ()
+    local_gpus = tuple(device.name for device in offload_devices())
+    gpus = remote + local_gpus if settings.n_gpu_layers != 0 else ()
     offload = offload_plan(model_layers(path), settings.n_gpu_layers, gpus) if gpus else CPU_ONLY
+    if remote and not local_gpus and settings.rpc_output == "local" and offload.output_on_gpu:
+        offload = replace(offload, output_here=True)  # with a local GPU the output is already on it (the last)
     if settings.extra_buffers is None:
         return weight_placement(role, path, offload)
     state = "on" if settings.extra_buffers else "off"

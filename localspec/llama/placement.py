@@ -11,6 +11,7 @@ from pathlib import Path
 from localspec.llama.runtime import (
     amx_rows_without_tiles,
     amx_streamed_rows,
+    cpu_buffer_type,
     cpu_extra_buffer_types,
     extra_buffers_choice,
     gguf_tensor_table,
@@ -40,11 +41,14 @@ class Offload:
     gpu_blocks: int  # how many of them (the last ones) are on the GPU
     output_on_gpu: bool
     devices: tuple[str, ...] = ()  # where they go, e.g. ("CUDA0",)
+    # the output layer overridden back to this machine's CPU: an RPC target without a local GPU, whose
+    # logits would otherwise cross the network (a row of vocabulary floats per row) instead of a hidden state
+    output_here: bool = False
 
     @property
     def everything(self) -> bool:
         """Every block and the output layer on the GPU: no matrix stays on the CPU."""
-        return self.output_on_gpu and self.gpu_blocks >= self.layers
+        return self.output_on_gpu and not self.output_here and self.gpu_blocks >= self.layers
 
     def on_cpu(self, tensor: str) -> bool:
         """Whether the weight named ``tensor`` stays in CPU memory."""
@@ -53,14 +57,17 @@ class Offload:
         block = BLOCK.match(tensor)
         if block:
             return int(block.group(1)) < self.layers - self.gpu_blocks
-        return not tensor.startswith("output.")
+        return self.output_here or not tensor.startswith("output.")
 
     def describe(self) -> str:
-        """``all 28 layers and the output on CUDA0``, ``4 of 28 layers and the output on CUDA0``, ``on the CPU``."""
+        """``all 28 layers and the output on CUDA0``, ``4 of 28 layers and the output on CUDA0``, ``on the CPU``,
+        ``all 28 layers on RPC[a:1] + RPC[b:2], the output here``."""
         if not self.output_on_gpu:
             return "on the CPU"
         where = " + ".join(self.devices) or "the GPU"
         share = "all" if self.gpu_blocks >= self.layers else f"{self.gpu_blocks} of"
+        if self.output_here:
+            return f"{share} {self.layers} layers on {where}, the output here"
         return f"{share} {self.layers} layers and the output on {where}"
 
 
@@ -187,6 +194,24 @@ class TensorOverride(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
+def output_tensors(path: Path | str) -> list[str]:
+    """The output layer's weights: its norm and matrix (the token embeddings where the model ties them)."""
+    names = {name for name, *_ in gguf_tensor_table(str(path))}
+    matrix = "output.weight" if "output.weight" in names else "token_embd.weight"
+    return [name for name in ("output_norm.weight", matrix) if name in names]
+
+
+def override_list(buffers: dict[str, int]) -> ctypes.Array | None:
+    """A NULL-terminated llama.cpp override list: each tensor by exact name to its buffer type; None if empty."""
+    if not buffers:
+        return None
+    overrides = (TensorOverride * (len(buffers) + 1))()
+    for entry, (name, buft) in zip(overrides, buffers.items()):
+        entry.pattern = f"^{re.escape(name)}$".encode()
+        entry.buft = buft
+    return overrides
+
+
 def repack_overrides(path: Path | str, offload: Offload = CPU_ONLY) -> ctypes.Array | None:
     """A NULL-terminated override list sending ``path``'s repackable CPU matrices to ``CPU_REPACK``; None if none.
 
@@ -197,28 +222,29 @@ def repack_overrides(path: Path | str, offload: Offload = CPU_ONLY) -> ctypes.Ar
     repack takes (read from the GGUF's tensor table). The caller keeps the
     array alive while the model loads.
     """
+    return override_list(_repacked(path, offload))
+
+
+def _repacked(path: Path | str, offload: Offload) -> dict[str, int]:
     buft = cpu_extra_buffer_types().get(REPACK)
     if buft is None:
-        return None
-    names = [
-        name
+        return {}
+    return {
+        name: buft
         for name, kind, dims, rows, _ in gguf_tensor_table(str(path))
         if kind in REPACKED_TYPES and MATMUL_WEIGHT.match(name) and dims == 2 and rows % 8 == 0 and offload.on_cpu(name)
-    ]
-    if not names:
-        return None
-    overrides = (TensorOverride * (len(names) + 1))()
-    for entry, name in zip(overrides, names):
-        entry.pattern = f"^{re.escape(name)}$".encode()
-        entry.buft = buft
-    return overrides
+    }
 
 
 def apply_placement(placement: WeightPlacement, path: Path | str, params) -> ctypes.Array | None:
     """Set ``placement`` on llama.cpp's model ``params``; returns the override list, which the caller
-    keeps alive until the load is done (llama.cpp holds only a pointer to it)."""
+    keeps alive until the load is done (llama.cpp holds only a pointer to it). An output layer kept here
+    goes to plain CPU memory, or to the repacked buffer where the CPU placement repacks it."""
     params.use_extra_bufts = placement.extra_buffers
-    overrides = repack_overrides(path, placement.offload) if placement.repack_only else None
+    buffers = dict.fromkeys(output_tensors(path), cpu_buffer_type()) if placement.offload.output_here else {}
+    if placement.repack_only:
+        buffers |= _repacked(path, placement.offload)
+    overrides = override_list(buffers)
     if overrides is not None:
         params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
     return overrides

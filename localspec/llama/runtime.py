@@ -321,6 +321,7 @@ def _ggml():
         ("ggml_backend_dev_backend_reg", voidp, [voidp]),
         ("ggml_backend_reg_get_proc_address", voidp, [voidp, ctypes.c_char_p]),
         ("ggml_backend_buft_name", ctypes.c_char_p, [voidp]),
+        ("ggml_backend_dev_buffer_type", voidp, [voidp]),
         ("gguf_init_from_file", voidp, [ctypes.c_char_p, GgufInitParams]),
         ("gguf_get_n_tensors", i64, [voidp]),
         ("gguf_get_tensor_name", ctypes.c_char_p, [voidp, i64]),
@@ -376,6 +377,14 @@ def gguf_tensor_table(path: str) -> tuple[tuple[str, str, int, int, int], ...]:
 
 
 @functools.cache
+def cpu_buffer_type() -> int:
+    """The CPU device's plain buffer type (an override's pointer, see :func:`cpu_extra_buffer_types`)."""
+    start()
+    libggml = _ggml()
+    device = libggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    return int(libggml.ggml_backend_dev_buffer_type(device))
+
+
 def cpu_extra_buffer_types() -> dict[str, int]:
     """llama.cpp's extra CPU buffer types in this build, by name (``{"AMX": ptr, "CPU_REPACK": ptr}``).
 
