@@ -117,14 +117,14 @@ def _free_port() -> int:
 
 
 @contextmanager
-def running_server(args: list[str], ready_prefix: str, log_path: Path, env: dict[str, str]):
-    """`localspec ARGS` in a subprocess; yields (its ready line, process, log) once it printed a line
-    starting with ``ready_prefix`` — which it does once it answers: the wait is for that line (or for
-    the process to exit), never for a clock."""
+def running_server(args: list[str], ready_prefix: str, log_path: Path, env: dict[str, str], prefix: tuple = ()):
+    """`localspec ARGS` in a subprocess (run through ``prefix``, say ``ip netns exec NAME``); yields (its ready
+    line, process, log) once it printed a line starting with ``ready_prefix`` — which it does once it
+    answers: the wait is for that line (or for the process to exit), never for a clock."""
     import threading
 
     writer = log_path.open("a")
-    proc = subprocess.Popen([sys.executable, "-m", "localspec", *args], cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "localspec", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
     ready_or_gone, found = threading.Event(), []
 

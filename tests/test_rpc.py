@@ -10,7 +10,9 @@ with its name, the next request says it is still down, and once it is back the t
 
 from __future__ import annotations
 
+import itertools
 import signal
+import threading
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -169,6 +171,156 @@ def test_a_server_killed_mid_reply_ends_the_reply_and_the_target_comes_back(tmp_
                 fresh.close()
                 engine.close()  # before the servers stop
             assert again.token_ids == expected.token_ids and len(again.token_ids) == 8
+        finally:
+            engine.close()
+
+
+def test_the_api_answers_through_a_server_s_death_and_reloads_when_it_is_back(tmp_path) -> None:
+    """`localspec serve --rpc A --rpc B` through the openai client: a server killed mid-reply ends the stream
+    with an error naming it, the next request answers 503 naming it while the API serves on, and once the
+    server is back on its port the next request is answered in full."""
+    import openai
+    from openai import OpenAI
+
+    require(TARGET, DRAFT)
+    port = _free_port()
+    prompt = "Counting from one to fifty in words: one, two,"
+    with rpc_server(tmp_path) as (steady, _), ExitStack() as stack:
+        lost, proc = stack.enter_context(rpc_server(tmp_path, port))
+        args = [
+            "serve",
+            "--port",
+            "0",
+            "--pair",
+            "demo",
+            "--threads",
+            str(TEST_THREADS),
+            "--rpc",
+            steady,
+            "--rpc",
+            lost,
+        ]
+        with running_server(args, "localspec API: ", tmp_path / "serve.log", server_env()) as (line, api, _):
+            client = OpenAI(base_url=line.split()[2], api_key="none", max_retries=0, timeout=120)
+            pieces = []
+            with pytest.raises(openai.APIError) as ended:
+                for chunk in client.completions.create(model="demo", prompt=prompt, max_tokens=200, temperature=0,
+                                                       stream=True):  # fmt: skip
+                    pieces.append(chunk.choices[0].text if chunk.choices else "")
+                    if len(pieces) == 3:
+                        proc.send_signal(signal.SIGKILL)  # the server dies mid-reply
+                        proc.wait()
+            assert lost in str(ended.value) and "stopped answering" in str(ended.value)
+            assert "".join(pieces)  # what was written before came through
+
+            with pytest.raises(openai.APIStatusError) as still_down:
+                client.completions.create(model="demo", prompt=prompt, max_tokens=8, temperature=0)
+            assert still_down.value.status_code == 503 and lost in still_down.value.message
+            assert api.poll() is None and client.models.list().data  # the API serves on
+
+            stack.close()
+            with rpc_server(tmp_path, port):  # back on the same port: the next request reloads the target
+                again = client.completions.create(model="demo", prompt=prompt, max_tokens=8, temperature=0)
+            assert again.choices[0].text and again.usage.completion_tokens == 8
+
+
+_LINKS = itertools.count()
+
+
+@contextmanager
+def server_behind_a_link(tmp_path: Path):
+    """`localspec rpc-server` in a network namespace of its own, reached over a veth pair, so its link can go
+    down as a pulled cable does: no FIN, no RST, packets just stop. Yields (endpoint, set_link(up)). Needs
+    root and iproute2 (installed if missing, as the browser tests install Chromium)."""
+    import os
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.fail("the vanished-server test needs root for a network namespace (ip netns)")
+    if shutil.which("ip") is None:
+        subprocess.run(["apt-get", "install", "-y", "-q", "iproute2"], check=True, capture_output=True)
+    serial = next(_LINKS)  # each its own names and subnet: a deleted pair's names are freed asynchronously
+    name = f"lsx{os.getpid() % 100000}{serial}"
+    near, far = f"{name}a", f"{name}b"
+    net = f"10.{213 + serial % 40}.{os.getpid() % 250}"
+
+    def ip(*args: str, inside: bool = False) -> None:
+        subprocess.run(["ip", *(["netns", "exec", name, "ip"] if inside else []), *args], check=True)
+
+    ip("netns", "add", name)
+    try:
+        ip("link", "add", near, "type", "veth", "peer", "name", far)
+        ip("link", "set", far, "netns", name)
+        ip("addr", "add", f"{net}.1/30", "dev", near)
+        ip("link", "set", near, "up")
+        ip("addr", "add", f"{net}.2/30", "dev", far, inside=True)
+        ip("link", "set", far, "up", inside=True)
+        ip("link", "set", "lo", "up", inside=True)  # the server's own readiness probe goes through it
+        args = ["rpc-server", "--host", f"{net}.2", "--port", "50052", "--threads", str(TEST_THREADS)]
+        log = tmp_path / f"rpc-{name}.log"
+        with running_server(args, "localspec rpc-server: listening on", log, server_env(),
+                            prefix=("ip", "netns", "exec", name)) as (line, _, _):  # fmt: skip
+            assert line, log.read_text()
+            yield f"{net}.2:50052", lambda up: ip("link", "set", far, "up" if up else "down", inside=True)
+    finally:
+        subprocess.run(["ip", "link", "del", near], check=False, capture_output=True)  # and its peer with it
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def _reply_in_thread(engine, prompt, on_token) -> tuple[threading.Thread, dict]:
+    """A greedy reply of up to 200 tokens on a thread of its own: its tokens and error land in the dict."""
+    outcome: dict = {"tokens": [], "error": None}
+
+    def run() -> None:
+        try:
+            for event in engine.stream(prompt, engine.options(mode="greedy", max_tokens=200), GREEDY):
+                if isinstance(event, TokenEvent):
+                    outcome["tokens"].append(event)
+                    on_token(len(outcome["tokens"]))
+        except LocalspecError as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.parametrize("dead_after_s", ["3", "0"])
+def test_a_server_whose_link_goes_down_is_named_within_the_timeout(tmp_path, monkeypatch, dead_after_s) -> None:
+    """A server that vanishes without closing its socket (its link down mid-reply): with
+    LOCALSPEC_RPC_DEAD_AFTER_S=3 the reply ends within seconds naming it, where the recv used to wait for
+    ever. The control, 0 (no keepalive): still waiting while the link is down, and once it is back up
+    the reply goes on to its end."""
+    from localspec.llama import rpc
+
+    require(TARGET, DRAFT)
+    monkeypatch.setenv("LOCALSPEC_RPC_DEAD_AFTER_S", dead_after_s)  # read by both ends when they connect
+    with server_behind_a_link(tmp_path) as (endpoint, set_link):
+        engine = make_engine(TARGET, DRAFT, **{"model.rpc_servers": [endpoint]})
+        try:
+            prompt = engine.encode_raw("Counting from one to fifty in words: one, two,").tokens
+            cut = threading.Event()
+
+            def pull_the_cable(count: int) -> None:
+                if count == 3:
+                    set_link(False)
+                    cut.set()
+
+            thread, outcome = _reply_in_thread(engine, prompt, pull_the_cable)
+            assert cut.wait(120), (outcome, thread.is_alive())
+            if dead_after_s != "0":
+                thread.join(60)  # ten times the timeout: a reply still running here would wait for ever
+                assert not thread.is_alive(), "the reply still waits for a server whose link is down"
+                assert endpoint in str(outcome["error"]) and "stopped answering" in str(outcome["error"])
+                engine.close()
+                assert rpc.lost_server() is None  # the loss is forgotten with the model: later ones may connect
+            else:
+                thread.join(8)  # longer than the keepalive would take
+                assert thread.is_alive() and outcome["error"] is None  # without it: waiting, no error
+                set_link(True)
+                thread.join(120)
+                assert not thread.is_alive() and outcome["error"] is None and len(outcome["tokens"]) == 200
         finally:
             engine.close()
 

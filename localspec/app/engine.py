@@ -333,10 +333,14 @@ class Engine:
             f"{diagnosis.turned_off} so {mode} output equals target-only — fix: {diagnosis.fix}"
         )
 
+    def lost_server(self) -> str | None:
+        """The RPC server holding target layers that stopped answering (until the target is reloaded), or None."""
+        return getattr(self.target, "lost_server", None)
+
     def _reconnect_target(self) -> None:
         """After an RPC server holding target layers stopped answering (the reply then ended with its name):
         say in one line that it is still down, or reload the target once every server answers again."""
-        lost = getattr(self.target, "lost_server", None)
+        lost = self.lost_server()
         if lost is None:
             return
         from localspec.app.remote import reconnect

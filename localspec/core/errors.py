@@ -28,5 +28,10 @@ class PromptTooLongError(LocalspecError):
     """The prompt does not fit in the context window."""
 
 
+class RpcServerError(LocalspecError):
+    """An RPC endpoint does not answer, answers another protocol, lacks memory, or stopped answering: the
+    machine holding the target's layers, not the request, is at fault (the API answers 503)."""
+
+
 class SamplingError(LocalspecError):
     """A sampling transform left no token with non-zero probability."""

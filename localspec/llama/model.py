@@ -235,6 +235,8 @@ class LlamaModel:
         if getattr(self, "_model", None):
             C.llama_model_free(self._model)
             self._model = None
+            if getattr(self, "rpc_servers", ()) and rpc.lost_server() in self.rpc_servers:
+                rpc.forget_lost()  # freed while its messages were dropped: a later model may use the server
 
     def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
         with contextlib.suppress(Exception):
@@ -309,6 +311,8 @@ class LlamaModel:
             batch.logits[i] = offset + i >= first_logit
         started = time.perf_counter()
         code = compute(C.llama_decode, self._ctx, batch)
+        if self.rpc_servers:  # logits come back from a server asynchronously: only once they are in is a
+            compute(C.llama_synchronize, self._ctx)  # server that stopped answering on the way known
         self.n_decodes += 1
         self._decode_s += time.perf_counter() - started  # only llama.cpp's own time counts as decode time
         lost = rpc.lost_server() if self.rpc_servers else None

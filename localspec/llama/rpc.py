@@ -20,7 +20,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from localspec.core.errors import ConfigError, LocalspecError
+from localspec.core.errors import ConfigError, RpcServerError
 from localspec.llama.runtime import _ggml, start
 
 DEFAULT_PORT = 50052
@@ -28,10 +28,6 @@ PROTOCOL = (7, 0)  # vendored ggml-rpc.h: RPC_PROTO_MAJOR_VERSION, and the newes
 CMD_GET_DEVICE_MEMORY, CMD_HELLO, CMD_DEVICE_COUNT = 11, 14, 15  # ggml-rpc.cpp: enum rpc_cmd
 CAPS_BYTES = 24  # ggml-rpc transport.h: RPC_CONN_CAPS_SIZE (all zero: plain TCP)
 PROBE_TIMEOUT_S = 5.0
-
-
-class RpcServerError(LocalspecError):
-    """An RPC endpoint does not answer, answers another protocol, lacks memory, or stopped answering."""
 
 
 @dataclass(frozen=True)

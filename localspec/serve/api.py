@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localspec.app.config import Config
 from localspec.app.conversation import Conversation, Turn
-from localspec.core.errors import LocalspecError, PromptTooLongError
+from localspec.core.errors import LocalspecError, PromptTooLongError, RpcServerError
 from localspec.core.events import GenerationResult, StepEvent, TokenEvent
 from localspec.serve.gate import Cancelled, Gate, QueueFull
 from localspec.serve.requests import ApiError, ChatRequest, CompletionRequest, parse
@@ -128,6 +128,8 @@ class Api:
                 self._recent_s = (self._recent_s + [time.perf_counter() - started])[-16:]
         turn = conversation.turns[-1] if conversation.turns else None
         if turn is not None and turn.trace is not None and turn.trace.error:
+            if self.engine.lost_server() is not None:  # a machine holding the target's layers is down
+                raise ApiError(503, turn.trace.error, None, "rpc_server_unavailable", "server_error")
             raise ApiError(500, f"generation failed: {turn.trace.error}", None, "generation_failed", "server_error")
 
     def _save(self, conversation: Conversation, config: Config, wanted: bool) -> str | None:
@@ -386,6 +388,8 @@ def _run_in_thread(produce: Callable[[], Iterator[dict]], cancel: threading.Even
             while (item := await queue.get()) is not done:
                 if isinstance(item, ApiError):
                     raise item
+                if isinstance(item, RpcServerError):  # a machine holding the target's layers is down
+                    raise ApiError(503, str(item), None, "rpc_server_unavailable", "server_error")
                 if isinstance(item, LocalspecError):
                     raise ApiError(400, str(item))
                 if isinstance(item, BaseException):
