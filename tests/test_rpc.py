@@ -348,7 +348,8 @@ def test_the_rpc_bench_counts_round_trips_and_predicts_the_delay_s_cost(tmp_path
     from .test_bench import bench_module
 
     runs, table = bench_module("rpc", "--servers", "1", "--delays", "0,2", "--outputs", "local,remote", "--prompts",
-                               "chat", "--repeats", "1", "--max-tokens", "8", tmp_path=tmp_path)  # fmt: skip
+                               "chat", "--repeats", "1", "--max-tokens", "8", "--plot", str(tmp_path / "rpc.png"),
+                               tmp_path=tmp_path)  # fmt: skip
     assert sorted({(r["delay_ms"], r["output"], r["variant"]) for r in runs}) == [
         (delay, output, variant)
         for delay in (0.0, 2.0)
@@ -359,6 +360,7 @@ def test_the_rpc_bench_counts_round_trips_and_predicts_the_delay_s_cost(tmp_path
     row_of_logits = 49152 * 4  # the demo target's vocabulary in floats
     assert all((r["received"] / r["decodes"] >= row_of_logits) == (r["output"] == "remote") for r in runs)
     assert "| 2 ms, output local | chat | target-only |" in table and "measured / predicted" in table
+    assert (tmp_path / "rpc.png").read_bytes().startswith(b"\x89PNG")  # the curve over the delay
 
 
 def test_a_chat_keeps_what_was_written_when_a_server_dies_and_goes_on_when_it_is_back(tmp_path) -> None:

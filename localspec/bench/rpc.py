@@ -148,6 +148,7 @@ def summary(rows: list[dict]) -> list[dict[str, Any]]:
         )
         predicted = statistics.median(r["seconds"] / r["tokens"] for r in base) + decodes / tokens * network
         out.append({"link": key[0], "prompt": key[1], "variant": key[2], "tok_s": 1 / seconds_per_token,
+                    "delay_ms": mine[0]["delay_ms"], "output": mine[0]["output"],
                     "trips_per_decode": trips_per_decode, "decodes_per_token": decodes / tokens,
                     "kib_per_token": sum(r["received"] + r["sent"] for r in mine) / tokens / 1024,
                     "predicted_tok_s": 1 / predicted,
@@ -174,6 +175,35 @@ def render(rows: list[dict[str, Any]], header: str) -> str:
     return header + "\n\n" + table(columns, cells)
 
 
+def write_plot(rows: list[dict[str, Any]], path: str | Path, title: str) -> Path:
+    """The default's speedup over the target alone against the added delay: a line per prompt, solid with
+    the output layer on the server, dashed with it here."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    drafted = [r for r in rows if r["variant"] != "target-only"]
+    for index, prompt in enumerate(dict.fromkeys(r["prompt"] for r in drafted)):
+        for output, style in (("remote", "-"), ("local", "--")):
+            mine = sorted((r for r in drafted if r["prompt"] == prompt and r["output"] == output),
+                          key=lambda r: r["delay_ms"])  # fmt: skip
+            where = "on the server" if output == "remote" else "here"
+            if mine:
+                ax.plot([r["delay_ms"] for r in mine], [r["speedup"] for r in mine], style, marker="o",
+                        color=f"C{index}", label=f"{prompt}, output {where}")  # fmt: skip
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("added round trip (ms)")
+    ax.set_ylabel("x the target alone over the same link")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localspec.bench rpc", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rpc", action="append", default=[], help="an RPC server's host:port (repeatable)")
@@ -190,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pair", default=None, help="a catalog pair (default: config.yaml's)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads of the local models (0 = all cores)")
     parser.add_argument("--json", dest="json_path", default=None, help="also write every run here")
+    parser.add_argument("--plot", dest="plot_path", default=None, help="also draw the speedup over the delay (PNG)")
     args = parser.parse_args(argv)
     config = load_config()
     if args.pair:
@@ -209,9 +240,14 @@ def main(argv: list[str] | None = None) -> int:
             rows += measure(config, endpoints, link, prompts, args.repeats, args.max_tokens)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(rows, indent=1))
-    where = ", ".join(args.rpc) if args.rpc else f"{args.servers} local servers ({args.server_threads} thread each)"
+    where = ", ".join(args.rpc) if args.rpc else f"{args.servers} local servers ({args.server_threads} thread(s) each)"
     header = (f"target {Path(config.model.target).name} across {where}, draft {Path(config.model.draft).name} local; "
               f"{args.repeats} repeats x {len(prompts)} prompts, {args.max_tokens} tokens; medians. On one machine "
               "the servers and the local draft share the cores, which a second machine would not.")  # fmt: skip
-    print(render(summary(rows), header))
+    summarised = summary(rows)
+    print(render(summarised, header))
+    if args.plot_path:
+        link = f", {args.mbit:g} Mbit/s" if args.mbit else ""
+        title = f"{Path(config.model.target).name} across {where}{link}; draft local"
+        print(f"plot: {write_plot(summarised, args.plot_path, title)}")
     return 0
