@@ -64,7 +64,8 @@ def local_servers(count: int, threads: int):
                 "--threads",
                 str(threads),
             ]
-            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                    preexec_fn=_dies_with_parent if sys.platform == "linux" else None)  # fmt: skip
             stack.callback(proc.wait)
             stack.callback(proc.terminate)
             for line in proc.stdout:
@@ -74,6 +75,15 @@ def local_servers(count: int, threads: int):
             else:
                 raise SystemExit(f"`localspec rpc-server` exited with {proc.wait()} before it listened")
         yield endpoints
+
+
+def _dies_with_parent() -> None:
+    """In a server's process before it starts (Linux): SIGTERM when the bench dies, also by a signal that
+    skips the bench's own clean-up (an interrupted bench used to leave its servers running)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:
