@@ -39,7 +39,8 @@ build() {
    done) > "$OUT/models.log" 2>&1 &
   models=$!
 
-  flags="-DGGML_LLAMAFILE=OFF -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DLLAVA_BUILD=OFF"
+  # what `make install` builds on a CUDA machine (Makefile: CMAKE_FLAGS), RPC included
+  flags="-DGGML_LLAMAFILE=OFF -DGGML_RPC=ON -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DLLAVA_BUILD=OFF"
   say "building llama-cpp-python with CMAKE_ARGS='$flags'"
   CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$PY" -m pip wheel -q --no-build-isolation --no-index \
     --no-deps -C build-dir="$WORK/build" -w "$WORK/wheel" "$WORK/src" > "$OUT/build.log" 2>&1 \
