@@ -151,8 +151,9 @@ def summary(rows: list[dict]) -> list[dict[str, Any]]:
         base = [r for r in rows if (r["link"], r["prompt"], r["variant"]) == (first["link"], *key[1:])]
         seconds_per_token = statistics.median(r["seconds"] / r["tokens"] for r in mine)
         tokens, decodes = sum(r["tokens"] for r in mine), max(1, sum(r["decodes"] for r in mine))
+        moved = sum(r["received"] + r["sent"] for r in mine)  # bytes, both ways
         trips_per_decode = sum(r["round_trips"] for r in mine) / decodes
-        bytes_per_decode = sum(r["received"] + r["sent"] for r in mine) / decodes
+        bytes_per_decode = moved / decodes
         network = network_seconds(mine[0], trips_per_decode, bytes_per_decode) - network_seconds(
             first, trips_per_decode, bytes_per_decode
         )
@@ -160,7 +161,7 @@ def summary(rows: list[dict]) -> list[dict[str, Any]]:
         out.append({"link": key[0], "prompt": key[1], "variant": key[2], "tok_s": 1 / seconds_per_token,
                     "delay_ms": mine[0]["delay_ms"], "output": mine[0]["output"],
                     "trips_per_decode": trips_per_decode, "decodes_per_token": decodes / tokens,
-                    "kib_per_token": sum(r["received"] + r["sent"] for r in mine) / tokens / 1024,
+                    "kib_per_token": moved / tokens / 1024,
                     "predicted_tok_s": 1 / predicted,
                     "measured_over_predicted": predicted / seconds_per_token})  # fmt: skip
     for row in out:

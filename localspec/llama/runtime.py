@@ -385,6 +385,7 @@ def cpu_buffer_type() -> int:
     return int(libggml.ggml_backend_dev_buffer_type(device))
 
 
+@functools.cache
 def cpu_extra_buffer_types() -> dict[str, int]:
     """llama.cpp's extra CPU buffer types in this build, by name (``{"AMX": ptr, "CPU_REPACK": ptr}``).
 
