@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from localspec.core.errors import ConfigError, SamplingError
 from localspec.core.sampling import (
     SamplingParams,
+    Weights,
     apply_penalties,
     greedy_token,
     log_weights,
@@ -22,6 +23,8 @@ from localspec.core.sampling import (
     probabilities,
     residual_of,
     sample_index,
+    top_indices,
+    weights,
 )
 from localspec.core.verify import (
     RESIDUAL_DRAWS,
@@ -430,3 +433,32 @@ def test_the_one_hot_rule_corrects_with_p_without_the_drafted_token() -> None:
     assert counts[0] == 0 and counts.sum() > 15_000
     assert chi_square(counts, expected).passed, chi_square(counts, expected)
     assert not chi_square(counts, p / p.sum()).passed  # the law it must not have: p itself
+
+
+def _top_by_sorting(values: np.ndarray, n: int) -> np.ndarray:
+    return np.lexsort((np.arange(values.shape[0]), -values))[:n]  # largest first, ties by the lower index
+
+
+@pytest.mark.parametrize("size", [1, 7, 640, 641, 5000, 151_936])
+def test_top_indices_are_the_full_sorts_head_ties_included(size: int) -> None:
+    """The sampled bound may keep hundreds of candidates or exactly n; ties at the boundary go to the
+    lower index, as a full sort puts them (rows of few distinct values force ties there)."""
+    rng = np.random.default_rng(size)
+    for values in (rng.standard_normal(size).astype(np.float32) * 3, rng.integers(-3, 3, size).astype(np.float32)):
+        for n in {1, 3, 10, min(64, size), size}:
+            n = min(n, size)
+            np.testing.assert_array_equal(top_indices(values, n), _top_by_sorting(values, n))
+
+
+def test_weights_top_matches_the_dense_row() -> None:
+    """Top-n from the logits (no full row written) and from a full row give the dense row's head, with
+    the probabilities ``prob`` gives."""
+    rng = np.random.default_rng(7)
+    raw = rng.standard_normal(151_936).astype(np.float32) * 4
+    params = SamplingParams(temperature=0.8)
+    dense = probabilities(raw, params)
+    for row in (weights(raw, params), Weights(dense * 3.0)):
+        tokens, probs = row.top(10)
+        np.testing.assert_array_equal(tokens, _top_by_sorting(dense, 10))
+        assert probs == pytest.approx(dense[tokens], rel=1e-12)
+        assert [row.prob(int(t)) for t in tokens] == pytest.approx(list(probs), rel=1e-12)
