@@ -174,8 +174,8 @@ class SpeculativeDecoder:
 
     def _step(self, request: _Request) -> Iterator[TokenEvent | StepEvent]:
         """Draft, verify, commit: one step. Returns why the reply ended inside it (eos / stop_string), or None."""
+        started = time.perf_counter()  # the plan is part of the step's cost: hybrid drafting's lookup and choice
         plan = request.plan()
-        started = time.perf_counter()
         # 1. draft: the plan's k tokens, copied by lookup or proposed by the drafter
         draft, draft_s = self._draft(request, plan)
         # 2. verify: the target's rows for them, the mode's verdict, and the target rolled back
