@@ -13,6 +13,7 @@ still gets measured, and a draft of ``k`` copied tokens is credited position by 
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 MATCH_BUCKETS = (1, 2, 3, 4, 8, 16, 32)  # lookup acceptance is estimated per match length, in these bins
@@ -26,7 +27,7 @@ LOOKUP_PRIOR = {1: 0.2, 2: 0.2, 3: 0.25, 4: 0.25, 8: 0.4, 16: 0.8, 32: 0.95}
 
 def match_bucket(length: int) -> int:
     """The bin of a lookup match ``length`` tokens long (the largest bound not above it)."""
-    return max((b for b in MATCH_BUCKETS if b <= length), default=MATCH_BUCKETS[0])
+    return MATCH_BUCKETS[max(0, bisect.bisect_right(MATCH_BUCKETS, length) - 1)]
 
 
 @dataclass
@@ -83,8 +84,9 @@ class Acceptance:
         ``n - 1`` for ``n`` copies): copied token ``i`` is reached only if the ones before it were
         accepted, and is judged at match length ``length + i``, so a quote's estimate rises as it goes."""
         expected, reach, out = 1.0, 1.0, []
+        alphas = {m: self.lookup_alpha(m) for m in MATCH_BUCKETS}  # a quote weighs up to 32 copies a step
         for i in range(k):
-            reach *= self.lookup_alpha(length + i)
+            reach *= alphas[match_bucket(length + i)]
             expected += reach
             out.append(expected)
         return out

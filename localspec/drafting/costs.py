@@ -16,6 +16,7 @@ by guessing.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -200,11 +201,11 @@ class CostModel:
         quote's drafts grew one size at a time, each tried once at a loss; and applied beyond a larger
         size measured dearer per row, it had those sizes tried too."""
         fitted = self.verify_seconds(rows)
-        sizes = self._sizes()
-        if rows in sizes or fitted is None:
+        if rows in self._sizes() or fitted is None:
             return fitted
-        below = max((n for n in sizes if n < rows), default=None)
-        above = min((n for n in sizes if n > rows), default=None)
+        sizes = self._memo("sorted sizes", lambda: sorted(self._sizes()))  # a quote weighs up to 32 sizes a step
+        at = bisect.bisect_left(sizes, rows)
+        below, above = sizes[at - 1] if at else None, sizes[at] if at < len(sizes) else None
         if above is None:
             return min(fitted, self.verify_seconds(below) * rows / below)
         if below is None:
