@@ -106,6 +106,19 @@ def test_verify_cost_line_interpolates_measured_batch_sizes() -> None:
         AdaptiveK(5, 2)
 
 
+def test_a_steps_plan_costs_once_per_step_not_per_row() -> None:
+    """Choosing a step (lookup's search, the controller) costs the same at any K: counted once per step,
+    it leaves K's comparison to what rows cost. Control: the same seconds counted per row (as part of
+    ``other_s``) make a 9-row step pay it nine times."""
+    apart, per_row = AdaptiveK(0, 8), AdaptiveK(0, 8)
+    for controller, other, plan in ((apart, 0.0, 0.002), (per_row, 0.002, 0.0)):
+        controller.observe(0, 0, 0, 0.0, 0.030, other, plan_s=plan)  # one row
+        controller.observe(8, 8, 8, 0.08, 0.060, other * 9, plan_s=plan)  # nine rows
+    assert apart.costs.step_seconds(8) == pytest.approx(0.08 + 0.060 + 0.002)
+    assert apart.costs.step_seconds(0) == pytest.approx(0.030 + 0.002)
+    assert per_row.costs.step_seconds(8) == pytest.approx(0.08 + 0.060 + 9 * 0.002)  # control
+
+
 # ---------------------------------------------------------------------------
 # the loop with adaptive K
 # ---------------------------------------------------------------------------

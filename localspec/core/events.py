@@ -118,6 +118,7 @@ class StepEvent:
     examined: int = 0  # draft tokens the rule looked at: the accepted ones plus the rejected one
     n_kept: int = 0  # accepted drafts the reply used (fewer than n_accepted when it ended inside them)
     n_added: int = 0  # tokens this step added to the reply (an ending EOS is not one)
+    plan_s: float = 0.0  # the part of other_s spent choosing what to draft (a cost per step, not per row)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -176,6 +176,7 @@ class SpeculativeDecoder:
         """Draft, verify, commit: one step. Returns why the reply ended inside it (eos / stop_string), or None."""
         started = time.perf_counter()  # the plan is part of the step's cost: hybrid drafting's lookup and choice
         plan = request.plan()
+        plan_s = time.perf_counter() - started
         # 1. draft: the plan's k tokens, copied by lookup or proposed by the drafter
         draft, draft_s = self._draft(request, plan)
         # 2. verify: the target's rows for them, the mode's verdict, and the target rolled back
@@ -190,7 +191,7 @@ class SpeculativeDecoder:
             source=draft.source if draft.tokens else "",
             emitted=emitted, bonus=verdict.bonus and bool(draft.tokens), rows=[],
             draft_s=draft_s, verify_s=verify_s, other_s=time.perf_counter() - started - draft_s - verify_s,
-            residual_mass=verdict.residual_mass,
+            plan_s=plan_s, residual_mass=verdict.residual_mass,
             examined=len(verdict.checks), n_kept=min(verdict.n_accepted, taken), n_added=n_added,
         )  # fmt: skip
         if request.policy is not None:

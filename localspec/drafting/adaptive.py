@@ -311,9 +311,11 @@ class AdaptiveK:
         source: str = MODEL,
         catch_up_s: float = 0.0,
         backlog: int = 0,
+        plan_s: float = 0.0,
     ) -> None:
         """Feed back what one step did and cost (``drafted`` = tokens actually proposed; ``catch_up_s`` =
-        the one-off part of a model step's draft seconds, spent reading ``backlog`` tokens it sat out).
+        the one-off part of a model step's draft seconds, spent reading ``backlog`` tokens it sat out;
+        ``plan_s``: choosing the step, apart from ``other_s``, as it costs per step, not per row).
         What lookup would have copied is fed back separately, on every step (``observe_match``)."""
         looked_up = source == LOOKUP and drafted > 0
         if not looked_up:
@@ -322,7 +324,7 @@ class AdaptiveK:
             self.costs.observe_draft(drafted, draft_s, catch_up_s, backlog)
             self._dirty = True
             self._model_step = self._steps
-        self.costs.observe(drafted + 1, verify_s, other_s)
+        self.costs.observe(drafted + 1, verify_s, other_s, plan_s)
 
     def observe_match(self, length: int, agreed: int, compared: int) -> None:
         """What the target wrote after a lookup match, whatever drafted (see :meth:`Acceptance.observe_match`)."""

@@ -1,8 +1,9 @@
 """What drafting costs here, learnt from the steps' timings: the cost half of adaptive drafting.
 
-A step with ``k`` drafts costs ``k * t_draft + t_verify(k + 1) + t_other * (k + 1)`` (docs/design.md,
+A step with ``k`` drafts costs ``k * t_draft + t_verify(k + 1) + t_other * (k + 1) + t_plan`` (docs/design.md,
 Performance model). Each term is measured while generating: the draft's seconds per drafted token
-(one-off catch-ups apart, kept per token read), the target's seconds per verification batch, and the
+(one-off catch-ups apart, kept per token read), the target's seconds per verification batch, the
+seconds per step spent choosing what to draft (lookup's search and this choice), and the
 seconds per verified row outside the models. Costs are medians of recent samples: other processes on
 a shared machine make spikes.
 
@@ -36,6 +37,7 @@ class CostModel:
         self._draft: deque[float] = deque(maxlen=16)  # recent draft seconds per token
         self._catch_up: deque[float] = deque(maxlen=8)  # recent catch-up seconds per backlog token
         self._other: deque[float] = deque(maxlen=16)  # recent other seconds per row
+        self._plan: deque[float] = deque(maxlen=16)  # recent seconds per step spent choosing it
         self._verify: dict[int, deque] = {}  # batch rows -> recent (step, seconds)
         self._seeded: dict[int, tuple[int, float]] = {}  # rows -> (step, seconds) timed before step 1
         self._cache: dict = {}  # estimates derived from the samples (see _memo)
@@ -64,11 +66,13 @@ class CostModel:
                      max(0.0, other) if other is not None else None)  # fmt: skip
 
     # --- what a step tells -------------------------------------------------
-    def observe(self, rows: int, verify_s: float, other_s: float) -> None:
-        """A step verified ``rows`` rows in ``verify_s`` seconds and spent ``other_s`` outside the models."""
+    def observe(self, rows: int, verify_s: float, other_s: float, plan_s: float = 0.0) -> None:
+        """A step verified ``rows`` rows in ``verify_s`` seconds and spent ``other_s`` outside the models,
+        besides ``plan_s`` choosing what to draft."""
         self.observed += 1
         self._verify.setdefault(rows, deque(maxlen=8)).append((self.observed, verify_s))
         self._other.append(other_s / rows)
+        self._plan.append(plan_s)
         self._cache.clear()
 
     def observe_draft(self, drafted: int, draft_s: float, catch_up_s: float = 0.0, backlog: int = 0) -> None:
@@ -127,7 +131,8 @@ class CostModel:
             return None
         draft = self._memo("draft", lambda: statistics.median(self._draft) if self._draft else 0.0)
         other = self._memo("other", lambda: statistics.median(self._other) if self._other else 0.0)
-        return (draft * k if source == MODEL else 0.0) + verify + other * (k + 1)
+        plan = self._memo("plan", lambda: statistics.median(self._plan) if self._plan else 0.0)
+        return (draft * k if source == MODEL else 0.0) + verify + other * (k + 1) + plan
 
     def _measured_verify_seconds(self, rows: int) -> float | None:
         samples = self._samples(rows)

@@ -38,6 +38,7 @@ class Controller(Protocol):
         source: str,
         catch_up_s: float,
         backlog: int,
+        plan_s: float,
     ) -> None: ...
 
     def observe_match(self, length: int, agreed: int, compared: int) -> None: ...
@@ -77,4 +78,5 @@ class ReplyDrafting:
         drafted = len(step.drafted)
         catch_up_s = self.drafter.catch_up_s if step.source == MODEL and drafted else 0.0
         self.controller.observe(drafted, step.n_accepted, step.examined, step.draft_s - catch_up_s, step.verify_s,
-                                step.other_s, self._plan.source, catch_up_s, self._backlog)  # fmt: skip
+                                step.other_s - step.plan_s, self._plan.source, catch_up_s, self._backlog,
+                                step.plan_s)  # fmt: skip
