@@ -173,7 +173,7 @@ def _truncate_top_p(row: np.ndarray, top_p: float) -> None:
     n = weights.shape[0]
     head = min(_TOP_P_HEAD, n)
     if head < n:
-        head_w = np.sort(weights[top_indices(weights, head)])[::-1]
+        head_w = weights[top_indices(weights, head)]  # largest first
         if head_w.sum() < need:
             head_w = np.sort(weights)[::-1]
     else:
@@ -414,11 +414,7 @@ class Weights:
         is increasing), so only the winners' weights are computed."""
         n = min(n, self.shape[0])
         tokens = top_indices(self._raw if self._raw is not None else self.w, n)
-        if self._w is not None:
-            w = self._w[tokens]
-        else:
-            w = np.array([self._slice(int(t), size=1)[0] for t in tokens])
-        probs = w / self.total
+        probs = np.array([self.prob(int(t)) for t in tokens])
         order = np.lexsort((tokens, -probs))  # most likely first; ties by token id
         return tokens[order], probs[order]
 
