@@ -96,6 +96,19 @@ def test_one_spike_from_another_process_does_not_pin_k_down() -> None:
     assert abs(np.median(controller.history[-40:]) - optimum) <= 1, (controller.history[-40:], optimum)
 
 
+@pytest.mark.parametrize("far_floor, tries_far_end", [(0.75, False), (0.0, True)])
+def test_the_far_end_is_explored_only_where_it_could_pay(far_floor: float, tries_far_end: bool) -> None:
+    """Where every verified row is dear (a target over RPC: 40 ms a row alone, 15 ms each row more) and
+    the draft is mediocre, K = 8 is predicted at half the best rate; trying it every 32 steps cost the
+    reply what those steps would have written. Control: without the floor the far end is tried."""
+    verify = lambda rows: 0.040 + 0.015 * (rows - 1)  # noqa: E731
+    controller = AdaptiveK(0, 8, far_floor=far_floor)
+    feed(controller, 0.7, 0.008, verify, 400, np.random.default_rng(5))
+    late = controller.history[100:]
+    assert (8 in late) == tries_far_end, late
+    assert max(set(late), key=late.count) == best_k(0.7, 0.008, verify, 0, 8)
+
+
 def test_verify_cost_line_interpolates_measured_batch_sizes() -> None:
     controller = AdaptiveK(1, 8)
     controller.observe(1, 1, 1, 0.01, 0.030, 0.0)  # 2 rows

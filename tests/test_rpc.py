@@ -354,12 +354,12 @@ def test_the_rpc_bench_counts_round_trips_and_predicts_the_delay_s_cost(tmp_path
         (delay, output, variant)
         for delay in (0.0, 2.0)
         for output in ("local", "remote")
-        for variant in ("hybrid", "target-only")
+        for variant in ("hybrid", "target-only-sampled")
     ]
     assert all(r["tokens"] > 0 and r["decodes"] > 0 and r["round_trips"] >= r["decodes"] for r in runs)
     row_of_logits = 49152 * 4  # the demo target's vocabulary in floats
     assert all((r["received"] / r["decodes"] >= row_of_logits) == (r["output"] == "remote") for r in runs)
-    assert "| 2 ms, output local | chat | target-only |" in table and "measured / predicted" in table
+    assert "| 2 ms, output local | chat | target-only-sampled |" in table and "measured / predicted" in table
     assert (tmp_path / "rpc.png").read_bytes().startswith(b"\x89PNG")  # the curve over the delay
 
 

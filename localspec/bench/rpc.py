@@ -5,7 +5,7 @@ for each link (``--delays`` in ms per round trip, ``--mbit`` each way, ``--outpu
 output layer runs on the last server or here) puts a delaying proxy (:mod:`localspec.bench.delay`) in front
 of each server, loads the pair with the target's layers on the servers through the proxies (the
 draft local) and times the target alone and the default (adaptive model + lookup) on every prompt,
-interleaved as ``localspec bench`` does. Per link and variant: tokens/s, the speedup, the round trips per
+interleaved as ``localspec bench`` does, both at the default's temperature. Per link and variant: tokens/s, the speedup, the round trips per
 target decode and the KiB per token the proxies counted, and the cost model's network term: predicted
 seconds = the variant's seconds on the placement's first link + its target decodes x (round trips per
 decode x the added delay + bytes per decode / the bandwidth). On one machine the servers and the local
@@ -28,10 +28,11 @@ from typing import Any
 from localspec.app.config import load_config
 from localspec.app.engine import Engine
 from localspec.bench.delay import DelayProxy
-from localspec.bench.e2e import VARIANTS, Bench, BenchSettings, load_prompts
+from localspec.bench.e2e import SAMPLED_BASELINE, VARIANTS, Bench, BenchSettings, load_prompts
 from localspec.bench.markdown import table
 
-BENCH_VARIANTS = ("target-only", "hybrid")
+BASELINE = SAMPLED_BASELINE  # the target alone at the default's temperature: the same sampling work a token
+BENCH_VARIANTS = (BASELINE, "hybrid")
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def summary(rows: list[dict]) -> list[dict[str, Any]]:
                     "measured_over_predicted": predicted / seconds_per_token})  # fmt: skip
     for row in out:
         alone = next(r for r in out if (r["link"], r["prompt"], r["variant"]) ==
-                     (row["link"], row["prompt"], "target-only"))  # fmt: skip
+                     (row["link"], row["prompt"], BASELINE))  # fmt: skip
         row["speedup"] = row["tok_s"] / alone["tok_s"]
     return out
 
@@ -195,7 +196,7 @@ def write_plot(rows: list[dict[str, Any]], path: str | Path, title: str) -> Path
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    drafted = [r for r in rows if r["variant"] != "target-only"]
+    drafted = [r for r in rows if r["variant"] != BASELINE]
     for index, prompt in enumerate(dict.fromkeys(r["prompt"] for r in drafted)):
         for output, style in (("remote", "-"), ("local", "--")):
             mine = sorted((r for r in drafted if r["prompt"] == prompt and r["output"] == output),

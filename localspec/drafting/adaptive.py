@@ -12,8 +12,10 @@ only, so it cannot bias the output: exactness does not depend on K (docs/design.
 rules).
 
 Every ``explore_every`` steps the policy tries a neighbour of its best K (and every fourth time the
-far end of the range), so the cost line stays measured around the optimum and a stale or unlucky
-measurement fades out. While the model drafts, a one-row step now and then keeps the target alone
+far end of the range, where its predicted rate is at least ``far_floor`` of the best's), so the cost
+line stays measured around the optimum and a stale or unlucky measurement fades out. A far end
+predicted far worse is not tried: each try costs about what the prediction says, and where a verified
+row is dear (a target over RPC) one such step cost more time than two tokens of the target alone. While the model drafts, a one-row step now and then keeps the target alone
 timed: every K is judged against it.
 
 When drafting does not pay (best K = 0), the reply runs at the target's own speed; a one-draft probe
@@ -64,6 +66,7 @@ class AdaptiveK:
     k_max: int
     lookup_max: int = 32  # most lookup drafts per step (they cost only their verification rows)
     explore_every: int = 8
+    far_floor: float = 0.75  # the far end of the range is explored only where predicted at least this share of the best
     max_probe_gap: int = 64  # at K = 0: the longest wait between one-draft probes
     hopeless_factor: int = 4  # ... times this between re-timings where the costs alone rule drafting out
     retime_alone: int = 32  # while the model drafts: a one-row step when the last one is this many steps old
@@ -200,7 +203,9 @@ class AdaptiveK:
             # and then jump to the far end, so one unlucky old measurement cannot pin K down
             turn = (self._steps // self.explore_every) % 4
             if turn == 3:
-                k = self.k_max if best - self.k_min < self.k_max - best else self.k_min
+                far = self.k_max if best - self.k_min < self.k_max - best else self.k_min
+                if (self.rate(far) or 0.0) >= self.far_floor * (self.rate(best) or 0.0):
+                    k = far
             elif (turn % 2 == 0 and best < self.k_max) or best == self.k_min:
                 k = best + 1
             else:
