@@ -45,6 +45,9 @@ def test_the_gpu_split_follows_llama_cpps_rule() -> None:
     assert part.describe() == "4 of 24 layers and the output on CUDA0"
     assert offload_plan(24, -1, gpus).describe() == "all 24 layers and the output on CUDA0"
     assert CPU_ONLY.describe() == "on the CPU"
+    # where a measurement of the logits holds: every device that computes part of a row
+    assert (CPU_ONLY.computed_on, offload_plan(24, -1, gpus).computed_on, part.computed_on) == (
+        "the CPU", "CUDA0", "CUDA0 + the CPU")
 
 
 def test_an_rpc_target_s_output_layer_kept_here_is_the_cpu_placement_s_business() -> None:
@@ -58,6 +61,7 @@ def test_an_rpc_target_s_output_layer_kept_here_is_the_cpu_placement_s_business(
     assert not split.on_cpu("blk.0.attn_q.weight") and not split.on_cpu("blk.27.ffn_down.weight")
     assert not split.everything  # a matrix stays here
     assert split.describe() == "all 28 layers on RPC[10.0.0.2:50052] + RPC[10.0.0.3:50052], the output here"
+    assert split.computed_on == "RPC[10.0.0.2:50052] + RPC[10.0.0.3:50052] + the CPU"  # the logits come from here
     assert offload_plan(28, -1, servers).everything  # the control: without it, nothing stays here
 
 

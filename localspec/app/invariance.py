@@ -203,8 +203,8 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
             "rebuild with `make install` (it builds with -DGGML_LLAMAFILE=OFF)",
         )
     tried = " or ".join(f"{name.replace('_', ' ')} off" for name in on) or "no setting"
-    device = facts.get("device", "CPU")
-    if device != "CPU":
+    device = facts.get("device", "the CPU")
+    if device != "the CPU":
         return Diagnosis(
             f"not found: {tried} did not make {report.model} invariant on {device}; llama.cpp's GPU kernels for a "
             "batch of rows are not those for one row (in its CUDA source: quantized matmuls change their reduction "
@@ -242,8 +242,8 @@ def _explain(overrides: dict[str, bool], facts: dict[str, str]) -> tuple[str, st
                 "target without extra buffers by themselves (slower), or set LOCALSPEC_EXTRA_BUFFERS=0"
             )
     if "flash_attention" in overrides:
-        device = facts.get("device", "CPU")
-        causes.append("flash attention (on CPU it changes batched logits past position 256)" if device == "CPU"
+        device = facts.get("device", "the CPU")
+        causes.append("flash attention (on CPU it changes batched logits past position 256)" if device == "the CPU"
                       else f"flash attention (its kernels on {device} change with the number of rows)")  # fmt: skip
         fixes.append("set model.flash_attention: false (greedy and invariant modes turn it off by themselves)")
     return " together with ".join(causes), "; ".join(fixes)
@@ -327,7 +327,7 @@ def build_facts(model) -> dict[str, str]:
     build = llama_build()
     offload = model.placement.offload
     return {
-        "device": " + ".join(offload.devices) if offload.output_on_gpu else "CPU",  # where the target computes
+        "device": offload.computed_on,  # where the target computes
         "weight_type": model.description,
         "buffers": " + ".join(model.weight_buffers) or "?",
         "patched": "yes" if "q4k_gemv_batch_invariant" in build["patches"] else "no",

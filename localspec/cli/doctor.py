@@ -127,7 +127,7 @@ def pair_lines(config: Config) -> list[str]:
         lines = [f"pair: {engine.pair_name} — compatible"]
         lines += [weights_line(model) for model in (engine.target, engine.draft_model) if model is not None]
         report = engine.invariance(refresh=True)  # the doctor measures, never quotes an old measurement
-        where = _computes_on(engine.target)
+        where = engine.target.placement.offload.computed_on
         lines.append("batch invariance (target): " + report.line())
         if engine.draft_model is not None:
             lines.append("batch invariance (draft, informational): " + measure_model(engine.draft_model).line())
@@ -146,8 +146,3 @@ def pair_lines(config: Config) -> list[str]:
     finally:
         engine.close()
 
-
-def _computes_on(model) -> str:
-    """``CUDA0`` where the model's output layer is offloaded, else ``the CPU``."""
-    offload = model.placement.offload
-    return " + ".join(offload.devices) if offload.output_on_gpu else "the CPU"

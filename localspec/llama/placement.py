@@ -59,6 +59,17 @@ class Offload:
             return int(block.group(1)) < self.layers - self.gpu_blocks
         return self.output_here or not tensor.startswith("output.")
 
+    @property
+    def computed_on(self) -> str:
+        """Every device that computes part of a row, this machine's CPU included where a block or the output
+        layer stays on it: where a measurement of the model's logits (batch invariance) holds."""
+        if not self.output_on_gpu:
+            return "the CPU"
+        where = list(self.devices) or ["the GPU"]
+        if self.output_here or self.gpu_blocks < self.layers:
+            where.append("the CPU")
+        return " + ".join(where)
+
     def describe(self) -> str:
         """``all 28 layers and the output on CUDA0``, ``4 of 28 layers and the output on CUDA0``, ``on the CPU``,
         ``all 28 layers on RPC[a:1] + RPC[b:2], the output here``."""
