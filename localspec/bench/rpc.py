@@ -5,8 +5,9 @@ for each link (``--delays`` in ms per round trip, ``--mbit`` each way, ``--outpu
 output layer runs on the last server or here) puts a delaying proxy (:mod:`localspec.bench.delay`) in front
 of each server, loads the pair with the target's layers on the servers through the proxies (the
 draft local) and times the target alone and the default (adaptive model + lookup) on every prompt,
-interleaved as ``localspec bench`` does, both at the default's temperature. Per link and variant: tokens/s, the speedup, the round trips per
-target decode and the KiB per token the proxies counted, and the cost model's network term: predicted
+interleaved as ``localspec bench`` does, both at the default's temperature. Per link and variant:
+tokens/s, the speedup, the round trips per target decode and the KiB per token the proxies counted,
+and the cost model's network term: predicted
 seconds = the variant's seconds on the placement's first link + its target decodes x (round trips per
 decode x the added delay + bytes per decode / the bandwidth). On one machine the servers and the local
 draft share the cores, which a real second machine would not.

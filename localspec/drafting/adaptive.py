@@ -15,8 +15,9 @@ Every ``explore_every`` steps the policy tries a neighbour of its best K (and ev
 far end of the range, where its predicted rate is at least ``far_floor`` of the best's), so the cost
 line stays measured around the optimum and a stale or unlucky measurement fades out. A far end
 predicted far worse is not tried: each try costs about what the prediction says, and where a verified
-row is dear (a target over RPC) one such step cost more time than two tokens of the target alone. While the model drafts, a one-row step now and then keeps the target alone
-timed: every K is judged against it.
+row is dear (a target over RPC) one such step cost more time than two tokens of the target alone.
+While the model drafts, a one-row step now and then keeps the target alone timed: every K is judged
+against it.
 
 When drafting does not pay (best K = 0), the reply runs at the target's own speed; a one-draft probe
 now and then finds out whether that is still so. Each probe that changes nothing doubles the gap to
