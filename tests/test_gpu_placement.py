@@ -47,7 +47,10 @@ def test_the_gpu_split_follows_llama_cpps_rule() -> None:
     assert CPU_ONLY.describe() == "on the CPU"
     # where a measurement of the logits holds: every device that computes part of a row
     assert (CPU_ONLY.computed_on, offload_plan(24, -1, gpus).computed_on, part.computed_on) == (
-        "the CPU", "CUDA0", "CUDA0 + the CPU")
+        "the CPU",
+        "CUDA0",
+        "CUDA0 + the CPU",
+    )
 
 
 def test_an_rpc_target_s_output_layer_kept_here_is_the_cpu_placement_s_business() -> None:

@@ -145,4 +145,3 @@ def pair_lines(config: Config) -> list[str]:
         return lines + [f"cause: {diagnosis.cause}", f"fix: {diagnosis.fix}", verdict]
     finally:
         engine.close()
-
