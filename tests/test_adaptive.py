@@ -15,7 +15,7 @@ from localspec.core.errors import ConfigError
 from localspec.core.events import GenerationResult, StepEvent
 from localspec.core.options import GenerationOptions
 from localspec.core.perf import expected_tokens_per_step
-from localspec.core.policy import MODEL, Plan
+from localspec.core.policy import LOOKUP, MODEL, Plan
 from localspec.core.sampling import SamplingParams, Weights, probabilities, sample_index, weights
 from localspec.drafting.adaptive import AdaptiveK
 from localspec.drafting.calibrate import Costs, measure_costs
@@ -107,6 +107,24 @@ def test_the_far_end_is_explored_only_where_it_could_pay(far_floor: float, tries
     late = controller.history[100:]
     assert (8 in late) == tries_far_end, late
     assert max(set(late), key=late.count) == best_k(0.7, 0.008, verify, 0, 8)
+
+
+def test_a_drafting_step_s_cost_is_derived_again_on_news_and_every_few_steps() -> None:
+    """The target alone's cost follows every step; a drafting step's, which a stretch of one-row steps
+    moves only through the other seconds' median (and the drift of pre-step timings), is derived again
+    after a step of more than one row, and every ``refresh_steps`` steps otherwise."""
+    costs = CostModel(refresh_steps=4)
+    costs.observe(2, 0.030, 0.0)  # step 1: two rows, nothing outside the models
+    assert costs.step_seconds(1, LOOKUP) == pytest.approx(0.030)
+    costs.observe(1, 0.020, 0.010)  # steps 2 and 3: one row each, 10 ms outside the models
+    costs.observe(1, 0.020, 0.010)
+    assert costs.step_seconds(0) == pytest.approx(0.020 + 0.010)  # the target alone's follows at once
+    assert costs.step_seconds(1, LOOKUP) == pytest.approx(0.030)  # the drafting step's not yet
+    costs.observe(1, 0.020, 0.010)  # step 4: every refresh_steps steps
+    assert costs.step_seconds(1, LOOKUP) == pytest.approx(0.030 + 2 * 0.010)
+    costs.observe(1, 0.020, 0.010)
+    costs.observe(2, 0.060, 0.010)  # news about two rows (median now 45 ms): derived again at once
+    assert costs.step_seconds(1, LOOKUP) == pytest.approx(0.045 + 2 * 0.010)
 
 
 def test_verify_cost_line_interpolates_measured_batch_sizes() -> None:

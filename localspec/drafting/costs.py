@@ -32,6 +32,7 @@ class CostModel:
 
     verify_slope_prior: float = 0.15  # extra cost of one more verified row, as a fraction of one row
     stale_steps: float = 64.0  # a batch size not measured for this many steps counts half in the fit
+    refresh_steps: int = 8  # a drafting step's predicted cost is derived again at least this often (step_seconds)
 
     def __post_init__(self) -> None:
         self._draft: deque[float] = deque(maxlen=16)  # recent draft seconds per token
@@ -41,6 +42,7 @@ class CostModel:
         self._verify: dict[int, deque] = {}  # batch rows -> recent (step, seconds)
         self._seeded: dict[int, tuple[int, float]] = {}  # rows -> (step, seconds) timed before step 1
         self._cache: dict = {}  # estimates derived from the samples (see _memo)
+        self._step_cache: dict = {}  # predicted seconds of drafting steps (see step_seconds)
         self.observed = 0  # steps observed
 
     def seed(self, costs: Costs) -> None:
@@ -55,7 +57,7 @@ class CostModel:
             self._catch_up.append(costs.catch_up_token_s)
         if costs.other_row_s is not None:
             self._other.append(costs.other_row_s)
-        self._cache.clear()
+        self._forget()
 
     def learned(self) -> Costs:
         """The costs as they stand: the medians of the recent samples (see :meth:`seed`)."""
@@ -74,6 +76,8 @@ class CostModel:
         self._other.append(other_s / rows)
         self._plan.append(plan_s)
         self._cache.clear()
+        if rows > 1 or self.observed % self.refresh_steps == 0:
+            self._step_cache.clear()
 
     def observe_draft(self, drafted: int, draft_s: float, catch_up_s: float = 0.0, backlog: int = 0) -> None:
         """The draft model proposed ``drafted`` tokens in ``draft_s`` seconds, after reading ``backlog``
@@ -81,12 +85,17 @@ class CostModel:
         self._draft.append(draft_s / drafted)
         if backlog > 0 and catch_up_s > 0:
             self._catch_up.append(catch_up_s / backlog)
-        self._cache.clear()
+        self._forget()
 
     def observe_draft_token(self, seconds: float) -> None:
         """One draft token timed on its own (a re-timing, no catch-up)."""
         self._draft.append(seconds)
+        self._forget()
+
+    def _forget(self) -> None:
+        """Every derived estimate is out of date."""
         self._cache.clear()
+        self._step_cache.clear()
 
     # --- estimates ----------------------------------------------------------
     @property
@@ -112,8 +121,20 @@ class CostModel:
         return self._memo(("verify", rows), lambda: self._measured_verify_seconds(rows))
 
     def step_seconds(self, k: int, source: str = MODEL) -> float | None:
-        """Predicted seconds of a step drafting ``k`` tokens from ``source`` (None before any data)."""
-        return self._memo(("step", k, source), lambda: self._step_seconds(k, source))
+        """Predicted seconds of a step drafting ``k`` tokens from ``source`` (None before any data).
+
+        The target alone's (``k`` = 0) follows every step. A drafting step's is derived again when a step
+        of more than one row or a draft timing brought news, and every ``refresh_steps`` steps otherwise:
+        a stretch of one-row steps moves it only through the medians of the other and plan seconds and
+        the drift of the timings taken before the first step, and deriving the up to 40 sizes a step
+        weighs (lookup's copies and the model's K) after every one-row step cost more than the rest of
+        the step's choice."""
+        if k == 0:
+            return self._memo(("step", 0, source), lambda: self._step_seconds(0, source))
+        key = (k, source)
+        if key not in self._step_cache:
+            self._step_cache[key] = self._step_seconds(k, source)
+        return self._step_cache[key]
 
     def catch_up_seconds(self, backlog: int) -> float:
         """Predicted seconds for the draft to read ``backlog`` tokens it sat out, in one batch: measured
