@@ -79,6 +79,15 @@ def test_the_report_has_every_section_and_its_predictions() -> None:
                     {"prompt": "code", "k": 4, "tokens": 96, "identical": True, "first_difference": None},
                     {"prompt": "code", "k": 8, "tokens": 96, "identical": False, "first_difference": 41},
                 ],
+                "profile": [
+                    {
+                        "variant": "default",
+                        "prompt": "chat",
+                        "steps": 90,
+                        "ms_per_step": 1.234,
+                        "functions": [("sampling.py:279 _exp_scaled", 0.301)],
+                    },
+                ],  # fmt: skip
             }
         ],
     }
@@ -97,6 +106,8 @@ def test_the_report_has_every_section_and_its_predictions() -> None:
     assert "| target-7B | 170.0 | 174.5 | 1.03 |" in text and "no such file" in text
     assert "code, K = 4: 96 tokens, identical" in text and "code, K = 8: 96 tokens, DIFFERS from token 41" in text
     assert "nvidia-smi: NVIDIA H200" in text
+    assert "The loop's own time, default (chat, T = 0.7, 90 steps" in text and "1.234 ms a step" in text
+    assert "| `sampling.py:279 _exp_scaled` | 0.301 |" in text
 
 
 @pytest.mark.models
@@ -111,3 +122,24 @@ def test_a_models_facts_are_measured_through_localspecs_own_model(demo_paths) ->
     assert set(facts["batch_diff"]) == set(gpu.INVARIANCE_ROWS)
     # localspec's CPU build is batch-invariant (the suite's premise): every batch size, and the doctor's probe
     assert all(diff == 0.0 for diff in facts["batch_diff"].values()) and facts["probe_identical"]
+
+
+@pytest.mark.models
+def test_the_loop_profile_names_what_each_loop_spends_its_own_time_on(demo_paths) -> None:
+    """One reply of the target alone and one of the default under cProfile: the default's own time includes
+    its plan (lookup's search, the controller's choice), the target alone's has none of it (the control),
+    and llama.cpp's time (the wait for the compute thread) is in neither."""
+    from localspec.bench.e2e import load_prompts
+
+    from .conftest import make_engine
+
+    engine = make_engine(demo_paths[0], demo_paths[1], **{"speculative.adaptive": True})
+    try:
+        alone, default = gpu.loop_profile(engine, load_prompts(["chat"])[0], max_tokens=24, top=1000)
+    finally:
+        engine.close()
+    assert (alone["variant"], default["variant"]) == ("target-only", "default")
+    assert alone["steps"] > 0 and default["steps"] > 0 and alone["ms_per_step"] > 0
+    names = {run["variant"]: " ".join(name for name, _ in run["functions"]) for run in (alone, default)}
+    assert "choose" in names["default"] and "choose" not in names["target-only"], names
+    assert "acquire" not in names["default"] + names["target-only"]

@@ -6,15 +6,18 @@ a decode of 1 to 32 rows, and whether a batch of each size from 2 to 17 computes
 row at a time. From those costs, the speedup the performance model (docs/design.md) predicts for drafting
 with the draft model and with prompt lookup at the real pair's measured acceptance. Then end to end through
 the engine on each pair given: target-only against the default and greedy speculation (tokens per second,
-the loop's own share of the time, measured over predicted), and greedy output against target-only token for
-token at fixed K. Given llama.cpp's ``llama-bench`` from the same build, its decode rate on each model.
+the loop's own share of the time, measured over predicted), where the loop's own time goes (one reply of
+each under cProfile), and greedy output against target-only token for token at fixed K. Given llama.cpp's
+``llama-bench`` from the same build, its decode rate on each model.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import platform
+import pstats
 import statistics
 import subprocess
 import time
@@ -24,6 +27,7 @@ from typing import Any
 from localspec.app.config import Config
 from localspec.app.engine import Engine, llama_settings, load_model
 from localspec.app.invariance import llama_build, measure_model, probe_tokens, row_count_diffs
+from localspec.core.events import StepEvent
 from localspec.core.perf import best_draft_length
 from localspec.core.sampling import SamplingParams
 
@@ -157,6 +161,31 @@ def _reply(engine: Engine, tokens: list[int], params: SamplingParams, **options)
     return list(list(engine.stream(tokens, engine.options(**options), params))[-1].token_ids)
 
 
+def loop_profile(engine: Engine, prompt: dict, max_tokens: int, top: int = 12) -> list[dict[str, Any]]:
+    """Where the loop's own time goes: one reply of the target alone and one of the default, both at
+    T = 0.7, under cProfile after a short warm-up reply; the functions with the most time of their own, in
+    ms a step. Waiting for the compute thread (a lock's acquire) is llama.cpp's time and left out.
+    cProfile slows Python down about twofold: the ranking is the finding, not the level."""
+    tokens = engine.encode_prompt(engine.config, [], prompt["prompt"]).tokens
+    params = SamplingParams(temperature=0.7)
+    found = []
+    for variant, overrides in (("target-only", {"mode": "target-only"}), ("default", {})):
+        for _ in engine.stream(tokens, engine.options(max_tokens=8, **overrides), params):
+            pass  # warm: a first reply's one-offs (imports, the costs timed before the first adaptive step)
+        profile, steps = cProfile.Profile(), 0
+        profile.enable()
+        for event in engine.stream(tokens, engine.options(max_tokens=max_tokens, **overrides), params):
+            steps += isinstance(event, StepEvent)
+        profile.disable()
+        own = [(row[2], f"{Path(where[0]).name}:{where[1]} {where[2]}")
+               for where, row in pstats.Stats(profile).stats.items() if "acquire" not in where[2]]  # fmt: skip
+        per_step = 1000 / max(1, steps)
+        found.append({"variant": variant, "prompt": prompt["name"], "steps": steps,
+                      "ms_per_step": sum(t for t, _ in own) * per_step,
+                      "functions": [(name, t * per_step) for t, name in sorted(own, reverse=True)[:top]]})  # fmt: skip
+    return found
+
+
 def end_to_end(config: Config, repeats: int, max_tokens: int, prompt_names: list[str]) -> dict[str, Any]:
     """The bench's variants (target-only, default, greedy, lookup) and the identity check on one pair."""
     from localspec.bench.e2e import BenchSettings, load_prompts, render_table, run_bench
@@ -176,6 +205,7 @@ def end_to_end(config: Config, repeats: int, max_tokens: int, prompt_names: list
             "table": render_table(report),
             "report": report,
             "identity": identity(engine, load_prompts(prompt_names), max_tokens),
+            "profile": loop_profile(engine, load_prompts(prompt_names)[0], max_tokens),
         }
     finally:
         engine.close()
@@ -273,6 +303,16 @@ def render(result: dict[str, Any]) -> str:
         for check in e2e["identity"]:
             verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
             lines.append(f"- {check['prompt']}, K = {check['k']}: {check['tokens']} tokens, {verdict}")
+        for run in e2e.get("profile", []):
+            lines += [
+                "",
+                f"The loop's own time, {run['variant']} ({run['prompt']}, T = 0.7, {run['steps']} steps, cProfile: "
+                f"about twice Python's real time): {run['ms_per_step']:.3f} ms a step, most of it in",
+                "",
+                "| function | ms a step |",
+                "|---|---:|",
+            ]
+            lines += [f"| `{name}` | {ms:.3f} |" for name, ms in run["functions"]]
     for note in result.get("notes", []):
         lines += ["", note]
     return "\n".join(lines) + "\n"
