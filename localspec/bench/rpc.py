@@ -7,10 +7,10 @@ of each server, loads the pair with the target's layers on the servers through t
 draft local) and times the target alone and the default (adaptive model + lookup) on every prompt,
 interleaved as ``localspec bench`` does, both at the default's temperature. Per link and variant:
 tokens/s, the speedup, the round trips per target decode and the KiB per token the proxies counted,
-and the cost model's network term: predicted
-seconds = the variant's seconds on the placement's first link + its target decodes x (round trips per
-decode x the added delay + bytes per decode / the bandwidth). On one machine the servers and the local
-draft share the cores, which a real second machine would not.
+and the cost model's network term: predicted seconds = the variant's seconds on the placement's first
+link + its target decodes x (round trips per decode x the added delay + bytes per decode / the
+bandwidth). On one machine the servers and the local draft share the cores, which a real second
+machine would not.
 """
 
 from __future__ import annotations
