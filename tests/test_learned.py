@@ -130,6 +130,27 @@ def test_a_damaged_file_is_ignored_and_replaced(cache, damage: str) -> None:
     assert store.load("k") == STATE
 
 
+@pytest.mark.parametrize("failure", [OSError("disk full"), KeyboardInterrupt()])
+def test_a_save_cut_short_leaves_no_temporary_file(cache, monkeypatch, failure: BaseException) -> None:
+    """A rename that fails, or Ctrl-C between the write and the rename, leaves the cache as it was: the
+    last file saved, and no temporary file (empty ones piled up in a user's cache). A failed save is
+    quiet; Ctrl-C still interrupts."""
+    store.save("k", STATE, "about")
+    before = store.store_path().read_text()
+
+    def fail(self, target):
+        raise failure
+
+    monkeypatch.setattr(type(store.store_path()), "replace", fail)
+    if isinstance(failure, KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt):
+            store.save("other", STATE, "about")
+    else:
+        store.save("other", STATE, "about")
+    assert sorted(p.name for p in store.store_path().parent.iterdir()) == [store.store_path().name]
+    assert store.store_path().read_text() == before
+
+
 def test_entries_are_per_key_and_the_oldest_go_first(cache, monkeypatch) -> None:
     monkeypatch.setattr(store, "MAX_ENTRIES", 3)
     for key in "abcd":

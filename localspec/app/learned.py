@@ -77,8 +77,11 @@ def save(key: str, learned: dict[tuple, Learned], about: str) -> None:
             entries.pop(next(iter(entries)))
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps({"version": VERSION, "entries": entries}, indent=1), encoding="utf-8")
-        temporary.replace(path)
+        try:
+            temporary.write_text(json.dumps({"version": VERSION, "entries": entries}, indent=1), encoding="utf-8")
+            temporary.replace(path)
+        finally:  # a failed write or rename, or Ctrl-C in between, leaves no temporary file behind
+            temporary.unlink(missing_ok=True)
     except (OSError, ValueError, TypeError):
         pass
 
