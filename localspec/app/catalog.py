@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from localspec.app.config import PROJECT_ROOT, Config
+from localspec.app.files import write_atomically
 from localspec.core.errors import ConfigError, ModelError
 
 CATALOG_FILE = PROJECT_ROOT / "models" / "catalog.yaml"
@@ -194,9 +195,7 @@ class Manifest:
             self._save()
 
     def _save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.entries, indent=1, sort_keys=True))
-        tmp.replace(self.path)
+        write_atomically(self.path, json.dumps(self.entries, indent=1, sort_keys=True))
 
     def unchanged(self, file: Path) -> bool:
         """Same size and mtime as when its checksum was recorded."""

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from localspec.app.files import write_atomically
 from localspec.core.model import LanguageModel
 
 PROBE_TEXT = (
@@ -289,9 +290,7 @@ def save_cached(
             "report": asdict(report),
             "diagnosis": asdict(diagnosis) if diagnosis else None,
         }
-        tmp = store.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(store)
+        write_atomically(store, json.dumps(data, indent=1))
     except (OSError, ValueError):
         pass  # a cache, not a record: never fail a generation over it
 

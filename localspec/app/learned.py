@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from localspec.app.files import write_atomically
 from localspec.app.invariance import build_id, cache_dir
 from localspec.drafting.adaptive import Learned
 from localspec.drafting.calibrate import Costs
@@ -60,7 +61,8 @@ def load(key: str) -> dict[tuple, Learned]:
 
 def save(key: str, learned: dict[tuple, Learned], about: str) -> None:
     """Keep ``learned`` under ``key`` (``about``: the pair and build, for a person reading the file).
-    Written to a temporary file and renamed, so a reader never sees half of it."""
+    Written to a temporary file and renamed (:func:`~localspec.app.files.write_atomically`), so a reader never
+    sees half of it."""
     if not learned:
         return
     path = store_path()
@@ -76,12 +78,7 @@ def save(key: str, learned: dict[tuple, Learned], about: str) -> None:
         while len(entries) > MAX_ENTRIES:
             entries.pop(next(iter(entries)))
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        try:
-            temporary.write_text(json.dumps({"version": VERSION, "entries": entries}, indent=1), encoding="utf-8")
-            temporary.replace(path)
-        finally:  # a failed write or rename, or Ctrl-C in between, leaves no temporary file behind
-            temporary.unlink(missing_ok=True)
+        write_atomically(path, json.dumps({"version": VERSION, "entries": entries}, indent=1))
     except (OSError, ValueError, TypeError):
         pass
 
