@@ -9,6 +9,7 @@ is corrupt, of another version or for another build or machine is ignored.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -213,3 +214,13 @@ def test_a_new_engine_on_the_demo_pair_resumes_the_last_ones_costs(demo_paths, c
     second = reply(remember=True)
     assert calibrations == [1, 1]  # resumed: nothing timed
     assert second.policy.costs == list(first.policy.learned().values())[-1].costs
+    # a reply no controller drafted (the target alone, or a fixed K) teaches nothing: the file is not written
+    saves = []
+    monkeypatch.setattr(store, "save", lambda *args: saves.append(args))
+    engine = make_engine(target, draft, **{"speculative.remember": True})
+    try:
+        for fixed in (replace(options, mode="target-only"), replace(options, adaptive=False), options):
+            list(engine.stream(prompt, fixed))
+    finally:
+        engine.close()
+    assert len(saves) == 1  # the adaptive reply's alone

@@ -193,7 +193,8 @@ class Engine:
             yield from with_position_records(
                 decoder.stream(prompt, params, options, cancel), decoder, options.detail_top
             )
-            if decoder is self.decoder and self._learned_key is not None:
+            learns = options.adaptive and options.mode != "target-only"  # else no controller learnt anything
+            if learns and decoder is self.decoder and self._learned_key is not None:
                 learned.save(self._learned_key, decoder.policy.learned(), f"{self.pair_name}, {build_id()}")
 
     def _remembered(self) -> str | None:
