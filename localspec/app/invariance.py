@@ -205,6 +205,14 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
         )
     tried = " or ".join(f"{name.replace('_', ' ')} off" for name in on) or "no setting"
     device = facts.get("device", "the CPU")
+    if device.startswith("RPC["):
+        return Diagnosis(
+            f"not found: {tried} did not make {report.model} invariant on {device}; each RPC server computes its "
+            "layers with its own llama.cpp build and device",
+            "run every server from this machine's build (`make install`, then `localspec rpc-server`) on its CPU, "
+            "where a batch computes each row as one row does; until then greedy and invariant output may differ "
+            "from target-only where two tokens nearly tie, and rejection mode (the default) stays exact by its rule",
+        )
     if device != "the CPU":
         return Diagnosis(
             f"not found: {tried} did not make {report.model} invariant on {device}; llama.cpp's GPU kernels for a "
