@@ -220,7 +220,7 @@ def test_a_gpu_that_computes_batches_differently_is_named_with_what_still_holds(
     assert found.remedy == {"flash_attention": False} and "on CUDA0" in found.cause and "256" not in found.cause
     servers = "RPC[10.0.0.2:50052] + RPC[10.0.0.3:50052]"  # a target whose layers the RPC servers compute
     over_rpc = diagnose(report, loader({"the gpu kernels": True}, unfixable, []), current,
-                        {**UNPATCHED, "device": servers})  # fmt: skip
+                        {**UNPATCHED, "device": servers, "rpc": "yes"})  # fmt: skip
     assert f"on {servers}" in over_rpc.cause and "RPC server" in over_rpc.cause and "CUDA" not in over_rpc.cause
     assert "localspec rpc-server" in over_rpc.fix and "rejection mode" in over_rpc.fix
 

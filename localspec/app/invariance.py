@@ -176,7 +176,8 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
     (the weights sit in repacked buffers) and ``flash_attention``. ``facts``
     carries what the messages quote: the weight type, the buffers, whether
     the installed build carries localspec's Q4_K patch, whether llamafile's
-    sgemm is compiled in.
+    sgemm is compiled in, the devices it computes on and whether RPC servers
+    compute some of its layers.
     """
     on = [name for name, active in suspects.items() if active]
     trials = [{name: False} for name in on] + ([{name: False for name in on}] if len(on) > 1 else [])
@@ -205,7 +206,7 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
         )
     tried = " or ".join(f"{name.replace('_', ' ')} off" for name in on) or "no setting"
     device = facts.get("device", "the CPU")
-    if device.startswith("RPC["):
+    if facts.get("rpc") == "yes":
         return Diagnosis(
             f"not found: {tried} did not make {report.model} invariant on {device}; each RPC server computes its "
             "layers with its own llama.cpp build and device",
@@ -335,6 +336,7 @@ def build_facts(model) -> dict[str, str]:
     offload = model.placement.offload
     return {
         "device": offload.computed_on,  # where the target computes
+        "rpc": "yes" if model.rpc_servers else "no",  # some of its layers are computed by RPC servers
         "weight_type": model.description,
         "buffers": " + ".join(model.weight_buffers) or "?",
         "patched": "yes" if "q4k_gemv_batch_invariant" in build["patches"] else "no",
