@@ -14,8 +14,12 @@ BIN         := $(VENV)/bin
 LLAMA_CPP   := 0.3.36
 # CUDA only where both the compiler and a GPU are present (nvcc alone is not enough)
 CUDA_FLAG   := $(if $(and $(shell command -v nvcc 2>/dev/null),$(shell nvidia-smi -L 2>/dev/null)),-DGGML_CUDA=on,)
+# Linux: a C++ runtime a toolchain links statically into each library stays private to it; exported, the
+# libraries bind to each other's copy and a CUDA model load crashed (docs/gpu.md, "The crash at load")
+comma       := ,
+PRIVATE_CXX := $(if $(filter Linux,$(shell uname -s)),-DCMAKE_SHARED_LINKER_FLAGS=-Wl$(comma)--exclude-libs$(comma)ALL,)
 # RPC: a target split over machines with llama.cpp's rpc-server (docs/rpc.md)
-CMAKE_FLAGS ?= -DGGML_LLAMAFILE=OFF -DGGML_RPC=ON $(CUDA_FLAG)
+CMAKE_FLAGS ?= -DGGML_LLAMAFILE=OFF -DGGML_RPC=ON $(CUDA_FLAG) $(PRIVATE_CXX)
 WHEEL_CACHE ?= $(HOME)/.cache/localspec/wheels
 # patches/series lists the patches in the order they apply; the build key hashes their diffs (a file's
 # header, the prose above its first "--- " line, is documentation and does not change the build)
@@ -31,7 +35,7 @@ WHEEL_DIR   := $(WHEEL_CACHE)/llama-cpp-python-$(LLAMA_CPP)-$(WHEEL_KEY)
 STAMP       := $(VENV)/.localspec-$(WHEEL_KEY)
 PIP         := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: run install install-dev models test test-fast lint patches-check patches-bits bench bench-llama-cpp llama-cpp-tools doctor gpu-pack clean
+.PHONY: cmake-flags run install install-dev models test test-fast lint patches-check patches-bits bench bench-llama-cpp llama-cpp-tools doctor gpu-pack clean
 
 run: install
 	$(BIN)/localspec ui
@@ -122,6 +126,10 @@ bench-llama-cpp: install llama-cpp-tools
 
 doctor: install
 	$(BIN)/localspec doctor
+
+# the flags `make install` builds llama-cpp-python with here (gpu/check.sh builds with them on a GPU machine)
+cmake-flags:
+	@echo $(strip $(CMAKE_FLAGS))
 
 # what the GPU check (gpu/check.sh, docs/gpu.md) carries to a lent GPU machine: .gpu/ and .gpu2/
 gpu-pack: models

@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # The GPU check (docs/gpu.md says how to run it with the device tool, and what it found).
 #
-#   bash gpu/check.sh build   the CUDA wheel from .gpu/src.tar.gz (the Makefile's flags, sm_90), llama-bench
-#                             linked to the same libraries, localspec installed, random-weight models of real
-#                             shapes written while it compiles: about 5 minutes on 16 cores
-#   bash gpu/check.sh run     every command on CUDA (a load that crashes is taken apart first: faulthandler,
-#                             cuda-gdb's backtrace, the bisect cases), then `python -m localspec.bench gpu`:
-#                             about 5 minutes; the report and logs land in $OUT
+#   bash gpu/check.sh build   the CUDA wheel from .gpu/src.tar.gz (the Makefile's flags, sm_90), localspec installed
+#                             beside it, then the load triage (below) while llama-bench, linked to the same
+#                             libraries, compiles; random-weight models of real shapes are written meanwhile:
+#                             about 6 minutes on 16 cores
+#   bash gpu/check.sh run     every command on CUDA, then `python -m localspec.bench gpu` (its report is saved
+#                             after each stage, so a time limit leaves what was measured): about 5 minutes;
+#                             the report and logs land in $OUT
+#
+# The triage loads the draft the way localspec does (gpu/load_probe.py); where that crashes, cuda-gdb's backtrace
+# of the crash lands in $OUT.
 #
 # Each stage keeps its work in $LOCALSPEC_GPU_WORK (default /tmp/lsgpu), which survives between two calls on
-# a warm machine. CUDA_ARCH (default 90: H100, H200), SHAPES (default "1.5b 7b 32b") and PAIR_SHAPE (7b) choose
-# what is built and run; REPEATS (5) the decodes per row count. On a CPU, `run` works the same (a dry run).
+# a warm machine. CUDA_ARCH (default 90: H100, H200), SHAPES (default "1.5b 7b") and PAIR_SHAPE (7b) choose
+# what is built and run; REPEATS (5) the decodes per row count, BENCH_TIMEOUT (300 s) the bench's limit. `run`
+# uses the localspec of the working tree it is given. On a CPU, `run` works the same (a dry run).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${LOCALSPEC_GPU_WORK:-/tmp/lsgpu}
 OUT=${OUT:-$WORK/out}
 PY=${PYTHON:-python3}
-SHAPES=${SHAPES:-"1.5b 7b 32b"}
+SHAPES=${SHAPES:-"1.5b 7b"}
 PAIR_SHAPE=${PAIR_SHAPE:-7b}  # the target of the end-to-end runs and of every command
 mkdir -p "$WORK/site" "$OUT"
 export PYTHONPATH=$WORK/site PATH=$WORK/site/bin:$PATH PYTHONUNBUFFERED=1
@@ -33,14 +38,16 @@ build() {
   say "writing random-weight models (${SHAPES}, the 0.5B draft) while the wheel compiles"
   mkdir -p "$MODELS"
   export GGUF_PY=$WORK/src/vendor/llama.cpp/gguf-py
-  (PYTHONPATH=$GGUF_PY "$PY" "$ROOT/gpu/randgguf.py" "$WORK/template.gguf" "$MODELS/0.5b-q4_0.gguf" --shape 0.5b --qtype Q4_0 --pure
-   for shape in $SHAPES; do
+  PYTHONPATH=$GGUF_PY "$PY" "$ROOT/gpu/randgguf.py" "$WORK/template.gguf" "$MODELS/0.5b-q4_0.gguf" --shape 0.5b \
+    --qtype Q4_0 --pure > "$OUT/models-draft.log" 2>&1 &
+  draft=$!
+  (for shape in $SHAPES; do
      PYTHONPATH=$GGUF_PY "$PY" "$ROOT/gpu/randgguf.py" "$WORK/template.gguf" "$MODELS/$shape-q4_k_m.gguf" --shape "$shape"
    done) > "$OUT/models.log" 2>&1 &
   models=$!
 
-  # what `make install` builds on a CUDA machine (Makefile: CMAKE_FLAGS), RPC included
-  flags="-DGGML_LLAMAFILE=OFF -DGGML_RPC=ON -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DLLAVA_BUILD=OFF"
+  # what `make install` builds with on this machine (CUDA found), for this GPU's architecture only
+  flags="$(make -s -C "$ROOT" cmake-flags PYTHON="$PY") -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DLLAVA_BUILD=OFF"
   say "building llama-cpp-python with CMAKE_ARGS='$flags'"
   CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$PY" -m pip wheel -q --no-build-isolation --no-index \
     --no-deps -C build-dir="$WORK/build" -w "$WORK/wheel" "$WORK/src" > "$OUT/build.log" 2>&1 \
@@ -52,64 +59,54 @@ build() {
   printf '{"wheel": "%s", "cmake_args": "%s", "patches": "%s", "patch_hash": "%s"}\n' "$(ls "$WORK"/wheel)" "$flags" \
     "${patches% }" "$(cat "$ROOT"/patches/llama-cpp-python-*.patch | sha256sum | cut -c1-12)" \
     > "$("$PY" -c 'import sys; print(sys.prefix)')/localspec-llama-build.json"
-  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$WORK/site" "$ROOT" \
+  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$WORK/site" "$ROOT" \
     > "$OUT/install.log" 2>&1 || { say "localspec install FAILED"; tail -20 "$OUT/install.log"; }
 
-  say "llama-bench from the same build tree"
+  say "llama-bench from the same build tree, while the load triage runs"
   (cmake -S "$WORK/src" -B "$WORK/build" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF \
-     && cmake --build "$WORK/build" --target llama-bench -j "$(nproc)") > "$OUT/llama-bench-build.log" 2>&1 \
-    || say "llama-bench build FAILED (see llama-bench-build.log)"
+     && cmake --build "$WORK/build" --target llama-bench -j "$(nproc)") > "$OUT/llama-bench-build.log" 2>&1 &
+  bench=$!
+  wait "$draft" || say "draft writing FAILED (see models-draft.log)"
+  triage
+  wait "$bench" || say "llama-bench build FAILED (see llama-bench-build.log)"
   wait "$models" || say "model writing FAILED (see models.log)"
   ls -la "$MODELS" | tee -a "$OUT/check.log"
   say "build done"
 }
 
-# one process per case: "product" is localspec's own load path, the rest take it apart
-probe() {
-  local case=$1 model=$2
-  timeout 120 "$PY" -X faulthandler "$ROOT/gpu/load_probe.py" "$case" "$model" > "$OUT/probe-$case.log" 2>&1
-  local rc=$?
-  say "load probe $case: exit $rc — $(tail -1 "$OUT/probe-$case.log")"
-  return $rc
-}
-
+# localspec's own load of the draft; where it crashes, cuda-gdb names the native frame (docs/gpu.md: the crash
+# at load was a C++ runtime the device's compiler linked into each library, found this way)
 triage() {
-  local model=$MODELS/0.5b-q4_0.gguf
-  if probe product "$model"; then return 0; fi
-  say "localspec's load crashed on CUDA: backtrace and bisect"
-  if command -v cuda-gdb > /dev/null; then
-    timeout 180 cuda-gdb -batch -ex run -ex 'thread apply all bt 25' --args "$PY" "$ROOT/gpu/load_probe.py" product "$model" \
-      > "$OUT/crash-backtrace.log" 2>&1
+  timeout 120 "$PY" -X faulthandler "$ROOT/gpu/load_probe.py" "$MODELS/0.5b-q4_0.gguf" > "$OUT/load-probe.log" 2>&1
+  local rc=$?
+  say "load probe: exit $rc — $(tail -1 "$OUT/load-probe.log")"
+  if [ $rc -ne 0 ] && command -v cuda-gdb > /dev/null; then
+    timeout 120 cuda-gdb -batch -ex run -ex 'thread apply all bt 25' \
+      --args "$PY" "$ROOT/gpu/load_probe.py" "$MODELS/0.5b-q4_0.gguf" > "$OUT/crash-backtrace.log" 2>&1
+    say "cuda-gdb: $(grep -m1 -A3 'received signal' "$OUT/crash-backtrace.log" | tr '\n' ' ')"
   fi
-  for case in c-thread start-thread start-thread-no-log product-no-log product-no-placement product-arena1 \
-      product-malloc-check; do
-    probe "$case" "$model"
-  done
-  return 1
 }
 
-commands() {
+commands() {  # every command, each started as `$@` (localspec)
   local target=$MODELS/$PAIR_SHAPE-q4_k_m.gguf draft=$MODELS/0.5b-q4_0.gguf log=$OUT/commands.log
-  run() { say "\$ $*"; timeout 300 "$@" >> "$log" 2>&1; say "exit $?"; }
+  run() { say "\$ $*"; timeout 120 "$@" >> "$log" 2>&1; say "exit $?"; }
   : > "$log"
-  run localspec doctor --target "$target" --draft "$draft"
-  run localspec doctor --target "$target" --draft "$draft" --n-gpu-layers 10
-  run localspec generate --target "$target" --draft "$draft" --max-tokens 48 --temperature 0 "def quicksort(items):"
-  run localspec generate --target "$target" --draft "$draft" --max-tokens 48 --n-gpu-layers 10 "Hello"
+  run "$@" doctor --target "$target" --draft "$draft"
+  run "$@" doctor --target "$target" --draft "$draft" --n-gpu-layers 10
+  run "$@" generate --target "$target" --draft "$draft" --max-tokens 32 --temperature 0 "def quicksort(items):"
+  run "$@" generate --target "$target" --draft "$draft" --max-tokens 32 --n-gpu-layers 10 "Hello"
   printf 'Write a haiku about GPUs.\n/quit\n' > "$WORK/chat-input.txt"
-  run bash -c "localspec chat --target '$target' --draft '$draft' --no-color --max-tokens 32 < '$WORK/chat-input.txt'"
+  run bash -c "$* chat --target '$target' --draft '$draft' --no-color --max-tokens 32 < '$WORK/chat-input.txt'"
   run "$PY" "$ROOT/gpu/serve_probe.py" "$target" "$draft"
 }
 
 run_all() {
-  local python=("$PY")
-  triage || python+=("$ROOT/gpu/inline.py")  # measure anyway, with compute inline on the caller's thread
-  [ ${#python[@]} -gt 1 ] && say "measuring with compute run inline (the compute thread crashed)"
+  export PYTHONPATH=$ROOT:$PYTHONPATH  # the working tree's localspec, which may be newer than the installed one
   if [ -f "$WORK/demo.part1" ] && [ -f "$WORK/demo.part2" ]; then
     mkdir -p "$LOCALSPEC_MODELS" && cat "$WORK/demo.part1" "$WORK/demo.part2" > "$LOCALSPEC_MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
     timeout 300 localspec models prepare --pair demo >> "$OUT/check.log" 2>&1 || say "demo pair not prepared"
   fi
-  [ ${#python[@]} -eq 1 ] && commands
+  commands localspec
   local args=(--repeats "${REPEATS:-5}" --model "draft-0.5B=$MODELS/0.5b-q4_0.gguf")
   for shape in $SHAPES; do args+=(--model "target-${shape^^}=$MODELS/$shape-q4_k_m.gguf"); done
   args+=(--pair "$MODELS/$PAIR_SHAPE-q4_k_m.gguf:$MODELS/0.5b-q4_0.gguf")
@@ -117,10 +114,10 @@ run_all() {
   [ -x "$WORK/build/bin/llama-bench" ] && args+=(--llama-bench "$WORK/build/bin/llama-bench")
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/nvidia-smi.txt" 2>&1
   say "measuring: ${args[*]}"
-  timeout 420 "${python[@]}" -m localspec.bench gpu "${args[@]}" --note "nvidia-smi: $(head -1 "$OUT/nvidia-smi.txt")" \
+  timeout "${BENCH_TIMEOUT:-300}" "$PY" -m localspec.bench gpu "${args[@]}" --note "nvidia-smi: $(head -1 "$OUT/nvidia-smi.txt")" \
     --out "$OUT/gpu-report.md" >> "$OUT/check.log" 2>&1 || say "the report FAILED (see check.log)"
   { printf '\n## The load triage and every command (gpu/check.sh)\n\n'
-    grep -E 'load probe|\] \$ |\] exit ' "$OUT/check.log" | sed 's/^/    /'; } >> "$OUT/gpu-report.md"
+    grep -E 'load probe|cuda-gdb|\] \$ |\] exit ' "$OUT/check.log" | sed 's/^/    /'; } >> "$OUT/gpu-report.md"
   say "run done"
 }
 

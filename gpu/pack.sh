@@ -34,14 +34,14 @@ llama=$WORK/src/vendor/llama.cpp
 rm -rf "$WORK"/src/{.git,.github,docker,docs,examples,tests}
 rm -rf "$llama"/{models,docs,media,benches,tests,examples,tools/ui,tools/server,tools/cli}
 for backend in "$llama"/ggml/src/ggml-*/; do
-  case $(basename "$backend") in ggml-cpu|ggml-cuda|ggml-blas) ;; *) rm -rf "$backend" ;; esac
+  case $(basename "$backend") in ggml-cpu|ggml-cuda|ggml-blas|ggml-rpc) ;; *) rm -rf "$backend" ;; esac
 done
 tar -czf "$PACK/src.tar.gz" -C "$WORK" src
 
 "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$PACK/wheels" diskcache prompt_toolkit wcwidth fastapi starlette uvicorn pydantic pydantic_core \
-  annotated_types typing_inspection
+  annotated_types typing_inspection opentelemetry_api pyelftools
 
 PYTHONPATH=$llama/gguf-py "$PYTHON" "$ROOT/gpu/make_template.py" \
   "$MODELS/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" "$WORK/template.gguf" >/dev/null

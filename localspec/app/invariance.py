@@ -204,11 +204,12 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
             "different kernels than a single row",
             "rebuild with `make install` (it builds with -DGGML_LLAMAFILE=OFF)",
         )
-    tried = " or ".join(f"{name.replace('_', ' ')} off" for name in on) or "no setting"
+    turned_off = " or ".join(name.replace("_", " ") for name in on)
+    tried = f"turning {turned_off} off did not make" if on else "no setting made"
     device = facts.get("device", "the CPU")
     if facts.get("rpc") == "yes":
         return Diagnosis(
-            f"not found: {tried} did not make {report.model} invariant on {device}; each RPC server computes its "
+            f"not found: {tried} {report.model} invariant on {device}; each RPC server computes its "
             "layers with its own llama.cpp build and device",
             "run every server from this machine's build (`make install`, then `localspec rpc-server`) on its CPU, "
             "where a batch computes each row as one row does; until then greedy and invariant output may differ "
@@ -216,7 +217,7 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
         )
     if device != "the CPU":
         return Diagnosis(
-            f"not found: {tried} did not make {report.model} invariant on {device}; llama.cpp's GPU kernels for a "
+            f"not found: {tried} {report.model} invariant on {device}; llama.cpp's GPU kernels for a "
             "batch of rows are not those for one row (in its CUDA source: quantized matmuls change their reduction "
             "at 5 rows and their kernel above 8, and F16 attention products take the one-row kernel for one row only)",
             "none on this GPU yet: greedy and invariant output may differ from target-only where two tokens nearly "
@@ -224,7 +225,7 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
             "the CPU, where it is invariant",
         )
     return Diagnosis(
-        f"not found: {tried} did not make {report.model} ({weight}) invariant on this build",
+        f"not found: {tried} {report.model} ({weight}) invariant on this build",
         "none known; greedy and invariant output may differ from target-only with this model — "
         "a Q4_0/Q8_0/F32 or (with localspec's patched build) Q4_K_M copy is invariant on x86 CPUs",
     )

@@ -32,6 +32,9 @@ from localspec.core.perf import best_draft_length
 from localspec.core.sampling import SamplingParams
 
 COST_ROWS = tuple(range(1, 18)) + (32,)  # every verification batch of K = 0..16, and one large batch
+# decoded again and again at one size: llama.cpp reuses its compute graph only for a decode with the row count
+# of the one before (llama-graph.cpp, can_reuse), which the interleaved sweep over COST_ROWS never has
+STEADY_ROWS = (1, 5, 9)
 INVARIANCE_ROWS = tuple(range(2, 18))
 # Mean sum min(p, q) of the real pair (Qwen2.5-Coder 1.5B target, 0.5B Q4_0 draft) on the target's own
 # replies to the bench's prompts at T = 0.7, per prompt (docs/performance.md, "The draft proposes from its head").
@@ -57,6 +60,14 @@ def model_facts(label: str, path: str, settings, repeats: int) -> dict[str, Any]
                 if repeat:
                     times[rows].append(time.perf_counter() - began)
                 model.truncate(keep)
+        steady: dict[int, list[float]] = {rows: [] for rows in STEADY_ROWS}
+        for rows in STEADY_ROWS:
+            for repeat in range(4 * repeats + 1):  # the first builds the graph the others reuse
+                began = time.perf_counter()
+                model.extend(context[:rows], rows)
+                if repeat:
+                    steady[rows].append(time.perf_counter() - began)
+                model.truncate(keep)
         tokens = probe_tokens(lambda text: model.tokenize(text, add_special=True, parse_special=False))
         diffs = row_count_diffs(model, tokens, INVARIANCE_ROWS)
         probe = measure_model(model)
@@ -69,6 +80,7 @@ def model_facts(label: str, path: str, settings, repeats: int) -> dict[str, Any]
             "buffers": model.weight_buffer_mib,
             "placement": model.placement.reason,
             "ms": {rows: statistics.median(values) * 1000 for rows, values in times.items()},
+            "ms_steady": {rows: statistics.median(values) * 1000 for rows, values in steady.items()},
             "batch_diff": diffs,
             "probe": probe.line(),
             "probe_identical": probe.identical,
@@ -247,6 +259,18 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"| {m['label']} | " + " | ".join(f"{ms[n]:.2f}" for n in shown) + f" | {ms[9] / ms[1]:.2f} |")
     lines += [
         "",
+        "Each size above follows a decode of another size. The same size decode after decode, where llama.cpp "
+        "reuses its compute graph (ms, median):",
+        "",
+        "| model | " + " | ".join(f"{n} rows, steady / after another size" for n in STEADY_ROWS) + " |",
+        "|---|" + "---:|" * len(STEADY_ROWS),
+    ]
+    for m in models:
+        steady = m["ms_steady"]
+        cells = [f"{steady[n]:.2f} / {m['ms'][n]:.2f}" for n in STEADY_ROWS]
+        lines.append(f"| {m['label']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
         "## Batch invariance: a batch of n rows against the same rows one at a time",
         "",
         "`=` bit-identical, else the largest |difference| of a logit.",
@@ -264,12 +288,12 @@ def render(result: dict[str, Any]) -> str:
             "",
             "## Target alone against llama.cpp's own decoding (llama-bench from the same build)",
             "",
-            "| model | llama-bench tg128 (tok/s) | localspec, one-row decode (tok/s) | localspec / llama-bench |",
+            "| model | llama-bench tg128 (tok/s) | localspec, one row at a time (tok/s) | localspec / llama-bench |",
             "|---|---:|---:|---:|",
         ]
         for m in models:
             theirs = result["llama_bench"].get(m["label"], {})
-            mine = 1000 / m["ms"][1]
+            mine = 1000 / m["ms_steady"][1]
             if "tokens_per_second" in theirs:
                 rate = theirs["tokens_per_second"]
                 lines.append(f"| {m['label']} | {rate:.1f} | {mine:.1f} | {mine / rate:.2f} |")
@@ -368,20 +392,29 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "command": "python -m localspec.bench gpu " + " ".join(argv or []),
         "notes": args.note,
+        "models": [],
+        "predictions": [],
+        "end_to_end": [],
     }
-    models = []
+
+    def save() -> None:
+        """The report so far: a run cut short by a time limit (the device's) still leaves what it measured."""
+        Path(args.out).write_text(render(result))
+        Path(args.out).with_suffix(".json").write_text(json.dumps(_jsonable(result), indent=1, default=str))
+
+    models = result["models"]
     for spec in args.model:
         label, _, path = spec.partition("=")
         models.append(model_facts(label, path, settings, args.repeats))
+        result["predictions"] = predictions(models)
+        save()
         print(f"measured {label}", flush=True)
-    result["models"] = models
-    result["predictions"] = predictions(models)
     if args.llama_bench:
-        result["llama_bench"] = {
-            m["label"]: llama_bench(args.llama_bench, m["path"], settings.n_gpu_layers) for m in models
-        }
+        result["llama_bench"] = {}
+        for m in models:
+            result["llama_bench"][m["label"]] = llama_bench(args.llama_bench, m["path"], settings.n_gpu_layers)
+            save()
     prompts = [name.strip() for name in args.prompts.split(",") if name.strip()]
-    result["end_to_end"] = []
     for pair in args.pair:
         target, _, draft = pair.partition(":")
         overrides = (
@@ -390,9 +423,9 @@ def main(argv: list[str] | None = None) -> int:
             else {"model.target": target, "model.draft": draft}
         )
         result["end_to_end"].append(end_to_end(config.with_overrides(overrides), 1, args.e2e_tokens, prompts))
+        save()
         print(f"ran {pair} end to end", flush=True)
-    Path(args.out).write_text(render(result))
-    Path(args.out).with_suffix(".json").write_text(json.dumps(_jsonable(result), indent=1, default=str))
+    save()
     print(f"report: {args.out}")
     return 0
 

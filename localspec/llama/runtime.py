@@ -129,6 +129,7 @@ class LlamaLog:
 @functools.cache
 def start() -> tuple[ComputeThread, LlamaLog]:
     """Set up llama.cpp for this process (once): environment, log capture, backend, compute thread."""
+    check_cxx_runtime()
     os.environ.setdefault("GGML_LOG_LEVEL", "error")
     os.environ.setdefault(TILED_MATMUL_ENV, "1" if tiled_matmul_invariant() else "0")  # before the first matmul
     if amx_rows_without_tiles() and extra_buffers_choice() != "1":
@@ -164,6 +165,59 @@ def build_stamp() -> dict | None:
         return None
 
 
+CXX_RUNTIME_SYMBOL = "_ZNSt6locale7classicEv"  # std::locale::classic(): defined only by a C++ runtime itself
+
+
+def library_files(folder: Path | None = None) -> dict[str, Path]:
+    """One file per library in llama-cpp-python's ``lib`` folder, by name (``{"ggml-base": .../libggml-base.so}``):
+    the folder holds a copy under each of a library's names (``libllama.so``, ``.so.0``, ``.so.0.5.0``)."""
+    if folder is None:
+        import llama_cpp
+
+        folder = Path(llama_cpp.__file__).parent / "lib"
+    by_library: dict[str, Path] = {}
+    for path in sorted(folder.glob("lib*"), key=lambda path: (len(path.name), path.name)):
+        if path.is_file():
+            by_library.setdefault(re.split(r"\.(?:so|dylib|dll)", path.name)[0].removeprefix("lib"), path)
+    return by_library
+
+
+def exports_cxx_runtime(library: Path) -> bool:
+    """Whether ``library`` exports a C++ runtime of its own: libstdc++ linked into it statically with its
+    symbols left public. Libraries built so bind to one another's copy, whose state (locales, facets) that
+    copy never set up — on CUDA a model load crashed in llama.cpp's first number written to a stream. Read
+    from the dynamic symbol table: a definition, not a reference to libstdc++.so; a file that is not ELF
+    (macOS, Windows) has none."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with library.open("rb") as file:
+            elf = ELFFile(file)
+            # the symbol hash table answers in a millisecond; a whole table read by name takes 100s of ms
+            table = elf.get_section_by_name(".gnu.hash") or elf.get_section_by_name(".hash")
+            if table is not None:
+                symbols = [found] if (found := table.get_symbol(CXX_RUNTIME_SYMBOL)) else []
+            else:
+                symbols = elf.get_section_by_name(".dynsym").get_symbol_by_name(CXX_RUNTIME_SYMBOL) or []
+            return any(symbol["st_shndx"] != "SHN_UNDEF" for symbol in symbols)
+    except ELFError:
+        return False
+
+
+@functools.cache
+def check_cxx_runtime(folder: Path | None = None) -> None:
+    """Refuse a llama.cpp build whose libraries export C++ runtimes of their own (:func:`exports_cxx_runtime`),
+    with the fix, rather than crash at the first model load."""
+    exporting = [path.name for path in library_files(folder).values() if exports_cxx_runtime(path)]
+    if exporting:
+        raise ModelError(
+            f"llama-cpp-python's {', '.join(exporting)} export a C++ runtime linked into them statically, and "
+            "loading a model would crash; rebuild it with `make install`, which keeps each library's copy private "
+            "(-Wl,--exclude-libs,ALL)"
+        )
+
+
 @functools.cache
 def build_patches() -> tuple[str, ...]:
     """localspec's patches in the llama.cpp this process loads, as each announces itself: an exported
@@ -171,15 +225,12 @@ def build_patches() -> tuple[str, ...]:
     tables of the libraries patches change (read as bytes: opening a second copy of a library would give
     it state of its own). One file per library: the wheel holds a copy under each of its names, and a
     GPU backend's library, which no patch touches, can be hundreds of MB. A stock build has none."""
-    import llama_cpp
-
-    folder = Path(llama_cpp.__file__).parent / "lib"
     symbol = re.compile(re.escape(PATCH_SYMBOL.encode()) + rb"(\w+)")
     found: set[str] = set()
+    libraries = library_files()
     for library in PATCHED_LIBRARIES:
-        copies = sorted(path for path in folder.glob(f"*{library}*") if path.is_file())
-        if copies:
-            found |= {name.decode() for name in symbol.findall(copies[0].read_bytes())}
+        if library in libraries:
+            found |= {name.decode() for name in symbol.findall(libraries[library].read_bytes())}
     return tuple(sorted(found))
 
 
