@@ -87,6 +87,7 @@ def test_the_report_has_every_section_and_its_predictions() -> None:
                         "steps": 90,
                         "ms_per_step": 1.234,
                         "functions": [("sampling.py:279 _exp_scaled", 0.301)],
+                        "extra": [("costs.py:188 _memo", 0.052)],
                     },
                 ],  # fmt: skip
             }
@@ -110,6 +111,7 @@ def test_the_report_has_every_section_and_its_predictions() -> None:
     assert "nvidia-smi: NVIDIA H200" in text
     assert "The loop's own time, default (chat, T = 0.7, 90 steps" in text and "1.234 ms a step" in text
     assert "| `sampling.py:279 _exp_scaled` | 0.301 |" in text
+    assert "beyond the target alone" in text and "| `costs.py:188 _memo` | 0.052 |" in text
 
 
 @pytest.mark.models
@@ -146,3 +148,7 @@ def test_the_loop_profile_names_what_each_loop_spends_its_own_time_on(demo_paths
     names = {run["variant"]: " ".join(name for name, _ in run["functions"]) for run in (alone, default)}
     assert "choose" in names["default"] and "choose" not in names["target-only"], names
     assert "acquire" not in names["default"] + names["target-only"]
+    # what the default spends beyond the target alone names its plan; the target alone has no such list
+    extra = dict(default["extra"])
+    assert any("choose" in name for name in extra), extra
+    assert "extra" not in alone

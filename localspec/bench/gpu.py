@@ -177,10 +177,12 @@ def loop_profile(engine: Engine, prompt: dict, max_tokens: int, top: int = 12) -
     """Where the loop's own time goes: one reply of the target alone and one of the default, both at
     T = 0.7, under cProfile after a short warm-up reply; the functions with the most time of their own, in
     ms a step. Waiting for the compute thread (a lock's acquire) is llama.cpp's time and left out.
-    cProfile slows Python down about twofold: the ranking is the finding, not the level."""
+    cProfile slows Python down about twofold: the ranking is the finding, not the level. The default's
+    entry also lists what it spends a step beyond the target alone, function by function (``extra``)."""
     tokens = engine.encode_prompt(engine.config, [], prompt["prompt"]).tokens
     params = SamplingParams(temperature=0.7)
     found = []
+    by_function: list[dict[str, float]] = []  # ms a step of each function, per variant
     for variant, overrides in (("target-only", {"mode": "target-only"}), ("default", {})):
         for _ in engine.stream(tokens, engine.options(max_tokens=8, **overrides), params):
             pass  # warm: a first reply's one-offs (imports, the costs timed before the first adaptive step)
@@ -195,6 +197,10 @@ def loop_profile(engine: Engine, prompt: dict, max_tokens: int, top: int = 12) -
         found.append({"variant": variant, "prompt": prompt["name"], "steps": steps,
                       "ms_per_step": sum(t for t, _ in own) * per_step,
                       "functions": [(name, t * per_step) for t, name in sorted(own, reverse=True)[:top]]})  # fmt: skip
+        by_function.append({name: t * per_step for t, name in own})
+    alone, default = by_function
+    extra = {name: ms - alone.get(name, 0.0) for name, ms in default.items()}
+    found[1]["extra"] = sorted(extra.items(), key=lambda item: -item[1])[:top]
     return found
 
 
@@ -337,6 +343,10 @@ def render(result: dict[str, Any]) -> str:
                 "|---|---:|",
             ]
             lines += [f"| `{name}` | {ms:.3f} |" for name, ms in run["functions"]]
+            if run.get("extra"):
+                lines += ["", "What the default spends a step beyond the target alone:", "",
+                          "| function | ms a step more |", "|---|---:|"]  # fmt: skip
+                lines += [f"| `{name}` | {ms:.3f} |" for name, ms in run["extra"]]
     for note in result.get("notes", []):
         lines += ["", note]
     return "\n".join(lines) + "\n"
