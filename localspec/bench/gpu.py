@@ -268,7 +268,7 @@ def render(result: dict[str, Any]) -> str:
         "Each size above follows a decode of another size. The same size decode after decode, where llama.cpp "
         "reuses its compute graph (ms, median):",
         "",
-        "| model | " + " | ".join(f"{n} rows, steady / after another size" for n in STEADY_ROWS) + " |",
+        "| model | " + " | ".join(f"{n} row{'s' * (n > 1)}: steady / after another size" for n in STEADY_ROWS) + " |",
         "|---|" + "---:|" * len(STEADY_ROWS),
     ]
     for m in models:
