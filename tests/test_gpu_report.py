@@ -86,6 +86,7 @@ def test_the_report_has_every_section_and_its_predictions() -> None:
                         "prompt": "chat",
                         "steps": 90,
                         "ms_per_step": 1.234,
+                        "split": {"step": 0.9, "plan": 0.05, "draft": 0.0, "verify": 0.3, "other": 0.55},
                         "functions": [("sampling.py:279 _exp_scaled", 0.301)],
                         "extra": [("costs.py:188 _memo", 0.052)],
                     },
@@ -112,6 +113,7 @@ def test_the_report_has_every_section_and_its_predictions() -> None:
     assert "The loop's own time, default (chat, T = 0.7, 90 steps" in text and "1.234 ms a step" in text
     assert "| `sampling.py:279 _exp_scaled` | 0.301 |" in text
     assert "beyond the target alone" in text and "| `costs.py:188 _memo` | 0.052 |" in text
+    assert "A reply of the default without the profiler (chat, T = 0.7): 0.900 ms a step — plan 0.050" in text
 
 
 @pytest.mark.models
@@ -152,3 +154,8 @@ def test_the_loop_profile_names_what_each_loop_spends_its_own_time_on(demo_paths
     extra = dict(default["extra"])
     assert any("choose" in name for name in extra), extra
     assert "extra" not in alone
+    # without the profiler: the parts add up to the step, and only the default plans anything worth timing
+    for run in (alone, default):
+        split = run["split"]
+        assert split["step"] == pytest.approx(split["plan"] + split["draft"] + split["verify"] + split["other"])
+    assert default["split"]["plan"] > 10 * alone["split"]["plan"], (alone["split"], default["split"])

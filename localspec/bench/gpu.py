@@ -177,8 +177,10 @@ def loop_profile(engine: Engine, prompt: dict, max_tokens: int, top: int = 12) -
     """Where the loop's own time goes: one reply of the target alone and one of the default, both at
     T = 0.7, under cProfile after a short warm-up reply; the functions with the most time of their own, in
     ms a step. Waiting for the compute thread (a lock's acquire) is llama.cpp's time and left out.
-    cProfile slows Python down about twofold: the ranking is the finding, not the level. The default's
-    entry also lists what it spends a step beyond the target alone, function by function (``extra``)."""
+    cProfile slows Python down about twofold, and charges the hand-over of the GIL to whatever runs: the
+    ranking is the finding, not the level. So a reply without the profiler comes first, its steps' own
+    split in ms a step (``split``: plan, draft, llama_decode, the rest). The default's entry also lists
+    what it spends a step beyond the target alone, function by function (``extra``)."""
     tokens = engine.encode_prompt(engine.config, [], prompt["prompt"]).tokens
     params = SamplingParams(temperature=0.7)
     found = []
@@ -186,6 +188,7 @@ def loop_profile(engine: Engine, prompt: dict, max_tokens: int, top: int = 12) -
     for variant, overrides in (("target-only", {"mode": "target-only"}), ("default", {})):
         for _ in engine.stream(tokens, engine.options(max_tokens=8, **overrides), params):
             pass  # warm: a first reply's one-offs (imports, the costs timed before the first adaptive step)
+        split = _step_split(engine.stream(tokens, engine.options(max_tokens=max_tokens, **overrides), params))
         profile, steps = cProfile.Profile(), 0
         profile.enable()
         for event in engine.stream(tokens, engine.options(max_tokens=max_tokens, **overrides), params):
@@ -194,7 +197,7 @@ def loop_profile(engine: Engine, prompt: dict, max_tokens: int, top: int = 12) -
         own = [(row[2], f"{Path(where[0]).name}:{where[1]} {where[2]}")
                for where, row in pstats.Stats(profile).stats.items() if "acquire" not in where[2]]  # fmt: skip
         per_step = 1000 / max(1, steps)
-        found.append({"variant": variant, "prompt": prompt["name"], "steps": steps,
+        found.append({"variant": variant, "prompt": prompt["name"], "steps": steps, "split": split,
                       "ms_per_step": sum(t for t, _ in own) * per_step,
                       "functions": [(name, t * per_step) for t, name in sorted(own, reverse=True)[:top]]})  # fmt: skip
         by_function.append({name: t * per_step for t, name in own})
@@ -202,6 +205,20 @@ def loop_profile(engine: Engine, prompt: dict, max_tokens: int, top: int = 12) -
     extra = {name: ms - alone.get(name, 0.0) for name, ms in default.items()}
     found[1]["extra"] = sorted(extra.items(), key=lambda item: -item[1])[:top]
     return found
+
+
+def _step_split(events) -> dict[str, float]:
+    """A reply's steps, mean ms a step: all of it, the plan, the draft model, llama_decode, and the rest
+    (the wait for the logits, sampling, the loop's Python)."""
+    steps = [event for event in events if isinstance(event, StepEvent)]
+    n = max(1, len(steps))
+    parts = {
+        "plan": sum(step.plan_s for step in steps),
+        "draft": sum(step.draft_s for step in steps),
+        "verify": sum(step.verify_s for step in steps),
+        "other": sum(step.other_s - step.plan_s for step in steps),
+    }
+    return {"step": sum(parts.values()) * 1000 / n} | {name: s * 1000 / n for name, s in parts.items()}
 
 
 def end_to_end(config: Config, repeats: int, max_tokens: int, prompt_names: list[str]) -> dict[str, Any]:
@@ -334,6 +351,15 @@ def render(result: dict[str, Any]) -> str:
             verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
             lines.append(f"- {check['prompt']}, K = {check['k']}: {check['tokens']} tokens, {verdict}")
         for run in e2e.get("profile", []):
+            split = run.get("split")
+            if split:
+                lines += [
+                    "",
+                    f"A reply of the {run['variant']} without the profiler ({run['prompt']}, T = 0.7): "
+                    f"{split['step']:.3f} ms a step — plan {split['plan']:.3f}, draft model {split['draft']:.3f}, "
+                    f"llama_decode {split['verify']:.3f}, the rest {split['other']:.3f} (the wait for the "
+                    "logits, sampling, the loop's Python)",
+                ]
             lines += [
                 "",
                 f"The loop's own time, {run['variant']} ({run['prompt']}, T = 0.7, {run['steps']} steps, cProfile: "
