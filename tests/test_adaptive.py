@@ -704,6 +704,38 @@ def test_a_hopeless_draft_is_never_made_to_catch_up_only_timed_again() -> None:
     assert any(controller.choose(None).k > 0 for _ in range(64))
 
 
+@pytest.mark.parametrize("rest_steps", [4, 0])
+def test_where_nothing_pays_the_controller_rests_between_plans(rest_steps: int) -> None:
+    """Costs that rule drafting out: after ``rest_after`` plans in a row drafted nothing, the controller
+    rests ``rest_steps`` steps (no lookup search, no choice) before each further plan; a plan that drafts
+    ends it, and ``rest_steps`` 0 (the control) plans every step."""
+    controller = AdaptiveK(0, 8, rest_steps=rest_steps)
+    controller.seed(Costs({n: cpu_verify(n) for n in (1, 2, 4, 8, 16)}, 0.015))
+    plans = []
+    for _ in range(200):
+        if controller.resting():
+            plans.append(None)
+        else:
+            plans.append(controller.choose(None).k)
+            if controller.remeasure_draft:
+                controller.remeasured(0.015)
+        controller.observe(0, 0, 0, 0.0, cpu_verify(1), 1e-4)
+    assert set(plans) <= {0, None}
+    planned = [step for step, k in enumerate(plans) if k is not None]
+    rest_after = controller.rest_after
+    assert planned[:rest_after] == list(range(rest_after))  # a streak first, every step planned
+    assert planned[rest_after:] == list(range(rest_after + rest_steps, 200, rest_steps + 1))
+    # drafting pays again (a draft now nearly free, cheap batches seen): the first plan that drafts ends the rest
+    controller.remeasured(0.0005)
+    for rows in range(2, 10):
+        controller.observe(rows - 1, rows - 1, rows - 1, 0.0, gpu_verify(rows), 1e-4)
+    while controller.resting():
+        pass
+    assert controller.choose(None).k > 0 and not controller.resting()
+    controller.new_reply()
+    assert not controller.resting()
+
+
 #: The real pair's target on the AMX VM: seconds per verification batch, by rows (one calibration)
 REAL_PAIR_VERIFY = {1: 0.0389, 2: 0.0445, 3: 0.0489, 4: 0.0584, 8: 0.0910, 16: 0.1524}
 

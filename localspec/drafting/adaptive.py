@@ -75,6 +75,8 @@ class AdaptiveK:
     wait_steps: int = 4  # a long catch-up waits over a reply's first steps, and this long after a lookup match, ...
     wait_catch_up: float = 4.0  # ... while it costs more than this many times what waiting lost (see _wait)
     probe_budget: float = 0.03  # a probe's catch-up may cost this share of the reply's steps without the model
+    rest_after: int = 16  # after this many plans in a row drafted nothing, ...
+    rest_steps: int = 4  # ... this many steps go without a plan, then one plans again (0: never rest)
     costs: CostModel = field(default_factory=CostModel)
     acceptance: Acceptance = field(default_factory=Acceptance)
 
@@ -98,6 +100,8 @@ class AdaptiveK:
         self._reply_start = 0  # the step the current reply began at
         self._quoted_step = -1_000_000  # the last step lookup had a match of two or more tokens
         self._waited_s = 0.0  # seconds the current reply lost while a catch-up waited (see _wait)
+        self._undrafted = 0  # plans in a row that drafted nothing (see resting)
+        self._rest = 0  # steps left without a plan
 
     # --- what it starts from ------------------------------------------------------
     def seed(self, costs: Costs) -> None:
@@ -121,9 +125,22 @@ class AdaptiveK:
         lookup's evidence carries over only in part (:meth:`Acceptance.new_reply`)."""
         self._reply_start = self._steps
         self._waited_s = 0.0
+        self._undrafted = self._rest = 0
         self.acceptance.new_reply()
 
     # --- what it tells the loop --------------------------------------------------
+    def resting(self) -> bool:
+        """Whether this step goes without a plan: the target writes alone, with no lookup search and no
+        choice. After ``rest_after`` plans in a row drafted nothing, ``rest_steps`` steps rest, then one
+        plans again. A plan costs the step the same whatever it chooses, and the target alone (target-only
+        mode) pays none: where nothing pays, as with a draft as dear as its target (on a GPU, a 0.5B draft
+        costs 0.74 of a 7B target's token), planning every step kept the default below the target alone
+        (docs/performance.md, "Resting where nothing pays")."""
+        if self._rest > 0:
+            self._rest -= 1
+            return True
+        return False
+
     def rate(self, k: int) -> float | None:
         """Predicted tokens per second with ``k`` model drafts (None before any data)."""
         seconds = self.costs.step_seconds(k)
@@ -146,6 +163,9 @@ class AdaptiveK:
             plan = Plan(MODEL, self._model_k(backlog, may_quote)) if model else Plan("", 0)
         if plan.k == 0:
             plan = Plan("", 0)
+        self._undrafted = self._undrafted + 1 if plan.k == 0 else 0
+        if self._undrafted >= self.rest_after:
+            self._rest = self.rest_steps
         self.history.append(plan.k)
         if len(self.history) > 4096:
             del self.history[:2048]  # a controller lives as long as its decoder

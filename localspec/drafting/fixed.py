@@ -17,6 +17,10 @@ class FixedK:
     k: int
     remeasure_draft = False  # it never asks for the draft to be timed
 
+    def resting(self) -> bool:
+        """Never: every step drafts ``k``."""
+        return False
+
     def choose(self, match: Match | None = None, model: bool = True, backlog: int = 0) -> Plan:
         if match is not None and (not model or match.length >= TRUSTED_MATCH):
             return Plan(LOOKUP, self.k)

@@ -25,6 +25,8 @@ class Controller(Protocol):
 
     remeasure_draft: bool  # asks for one draft token to be timed before the step
 
+    def resting(self) -> bool: ...
+
     def choose(self, match: Match | None = None, model: bool = True, backlog: int = 0) -> Plan: ...
 
     def observe(
@@ -59,7 +61,11 @@ class ReplyDrafting:
         self._backlog = 0  # ... and what the draft model had to read first (beyond the usual two tokens)
 
     def plan(self, context: Sequence[int]) -> Plan:
-        """The controller's choice for the step after ``context``; a LOOKUP plan carries lookup's copy."""
+        """The controller's choice for the step after ``context``; a LOOKUP plan carries lookup's copy. A
+        step the controller rests (:meth:`AdaptiveK.resting`) drafts nothing and looks nothing up."""
+        if self.controller.resting():
+            self._match, self._backlog, self._plan = None, 0, Plan("", 0)
+            return self._plan
         has_model = self.drafter.model is not None
         self._match = self.drafter.lookup(context, self.lookup.edits) if self.looks_up else None
         self._backlog = self.drafter.backlog(context) if has_model else 0
