@@ -65,6 +65,7 @@ def test_the_report_has_every_section_and_its_predictions() -> None:
     result = {
         "device": "CUDA0 (NVIDIA H200, 143.0 GiB, 140.0 free)",
         "cpu": "Xeon",
+        "hand_over_us": 31.4,
         "date": "2026-11-26",
         "command": "python -m localspec.bench gpu ...",
         "notes": ["nvidia-smi: NVIDIA H200"],
@@ -110,6 +111,7 @@ def test_the_report_has_every_section_and_its_predictions() -> None:
     assert "| target-7B | 4.58 / 5.73 | 6.05 / 7.56 | 7.52 / 9.40 |" in text  # steady against the sweep's
     assert "code, K = 4: 96 tokens, identical" in text and "code, K = 8: 96 tokens, DIFFERS from token 41" in text
     assert "nvidia-smi: NVIDIA H200" in text
+    assert "a round trip to llama.cpp's compute thread (each decode pays one): 31 µs" in text
     assert "The loop's own time, default (chat, T = 0.7, 90 steps" in text and "1.234 ms a step" in text
     assert "| `sampling.py:279 _exp_scaled` | 0.301 |" in text
     assert "beyond the target alone" in text and "| `costs.py:188 _memo` | 0.052 |" in text
@@ -159,3 +161,20 @@ def test_the_loop_profile_names_what_each_loop_spends_its_own_time_on(demo_paths
         split = run["split"]
         assert split["step"] == pytest.approx(split["plan"] + split["draft"] + split["verify"] + split["other"])
     assert default["split"]["plan"] > 10 * alone["split"]["plan"], (alone["split"], default["split"])
+
+
+def test_the_compute_threads_round_trip_is_timed_through_the_thread(monkeypatch) -> None:
+    """The report's hand-over figure is a real round trip: a positive time, each call run on the compute thread."""
+    import threading
+
+    from localspec.app.engine import hand_over_seconds
+    from localspec.llama import runtime
+
+    ran_on, original = [], runtime.compute
+
+    def recorded(fn, *args):
+        return original(lambda: (ran_on.append(threading.get_ident()), fn(*args))[1])
+
+    monkeypatch.setattr(runtime, "compute", recorded)
+    assert 0.0 < hand_over_seconds(samples=20) < 0.05
+    assert len(ran_on) == 20 and threading.get_ident() not in ran_on and len(set(ran_on)) == 1

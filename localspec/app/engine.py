@@ -396,6 +396,24 @@ def load_model(path, settings, role: str, on_progress: Callable[[float], None] |
     return LlamaModel(path, settings, role, on_progress)
 
 
+def hand_over_seconds(samples: int = 2000) -> float:
+    """Median seconds of one round trip to llama.cpp's compute thread with nothing to compute: what each
+    decode pays besides llama.cpp's own time (docs/design.md, "One compute thread")."""
+    import time
+
+    from localspec.llama.runtime import compute
+
+    def nothing() -> None:
+        return None
+
+    seconds = []
+    for _ in range(samples):
+        began = time.perf_counter()
+        compute(nothing)
+        seconds.append(time.perf_counter() - began)
+    return sorted(seconds)[len(seconds) // 2]
+
+
 def llama_cpp_default_runs() -> bool:
     """Whether llama.cpp's own tools can run in their default weight placement in this process's environment
     (see :func:`localspec.llama.placement.llama_cpp_default_runs`)."""

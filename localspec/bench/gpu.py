@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec.app.config import Config
-from localspec.app.engine import Engine, llama_settings, load_model
+from localspec.app.engine import Engine, hand_over_seconds, llama_settings, load_model
 from localspec.app.invariance import llama_build, measure_model, probe_tokens, row_count_diffs
 from localspec.core.events import StepEvent
 from localspec.core.perf import best_draft_length
@@ -256,6 +256,7 @@ def render(result: dict[str, Any]) -> str:
         f"Measured {result['date']} by `{result['command']}` (`gpu/check.sh`).",
         "",
         f"- device: {result['device']}; host CPU: {result['cpu']}",
+        f"- a round trip to llama.cpp's compute thread (each decode pays one): {result['hand_over_us']:.0f} µs",
         f"- llama-cpp-python {build['version']}, CMAKE_ARGS {stamp.get('cmake_args', '?')!r}, "
         f"patches {stamp.get('patch_hash', '?')}",
         f"- llama.cpp: {build['system_info']}",
@@ -424,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "device": _device(build),
         "cpu": _cpu(),
+        "hand_over_us": hand_over_seconds() * 1e6,
         "build": build,
         "date": time.strftime("%Y-%m-%d"),
         "command": "python -m localspec.bench gpu " + " ".join(argv or []),
