@@ -133,9 +133,9 @@ class AdaptiveK:
         """Whether this step goes without a plan: the target writes alone, with no lookup search and no
         choice. After ``rest_after`` plans in a row drafted nothing, ``rest_steps`` steps rest, then one
         plans again. A plan costs the step the same whatever it chooses, and the target alone (target-only
-        mode) pays none: where nothing pays, as with a draft as dear as its target (on a GPU, a 0.5B draft
-        costs 0.74 of a 7B target's token), planning every step kept the default below the target alone
-        (docs/performance.md, "Resting where nothing pays")."""
+        mode) pays none: where nothing pays, as with a draft nearly as dear as its target (a GPU's case),
+        planning every step kept the default below the target alone (docs/performance.md, "Resting where
+        nothing pays")."""
         if self._rest > 0:
             self._rest -= 1
             return True
