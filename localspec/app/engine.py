@@ -399,6 +399,7 @@ def load_model(path, settings, role: str, on_progress: Callable[[float], None] |
 def hand_over_seconds(samples: int = 2000) -> float:
     """Median seconds of one round trip to llama.cpp's compute thread with nothing to compute: what each
     decode pays besides llama.cpp's own time (docs/design.md, "One compute thread")."""
+    import statistics
     import time
 
     from localspec.llama.runtime import compute
@@ -411,7 +412,7 @@ def hand_over_seconds(samples: int = 2000) -> float:
         began = time.perf_counter()
         compute(nothing)
         seconds.append(time.perf_counter() - began)
-    return sorted(seconds)[len(seconds) // 2]
+    return statistics.median(seconds)
 
 
 def llama_cpp_default_runs() -> bool:

@@ -52,22 +52,23 @@ def model_facts(label: str, path: str, settings, repeats: int) -> dict[str, Any]
         context = model.tokenize(CONTEXT_TEXT)
         model.extend(context, 1)
         keep = len(model.cached_tokens)
+
+        def decode_seconds(rows: int) -> float:
+            """One decode of ``rows`` rows after the context, which is then restored."""
+            began = time.perf_counter()
+            model.extend(context[:rows], rows)
+            seconds = time.perf_counter() - began
+            model.truncate(keep)
+            return seconds
+
         times: dict[int, list[float]] = {rows: [] for rows in COST_ROWS}
         for repeat in range(repeats + 1):  # the first round warms up every size and is not kept
             for rows in COST_ROWS:
-                began = time.perf_counter()
-                model.extend(context[:rows], rows)
+                seconds = decode_seconds(rows)
                 if repeat:
-                    times[rows].append(time.perf_counter() - began)
-                model.truncate(keep)
-        steady: dict[int, list[float]] = {rows: [] for rows in STEADY_ROWS}
-        for rows in STEADY_ROWS:
-            for repeat in range(4 * repeats + 1):  # the first builds the graph the others reuse
-                began = time.perf_counter()
-                model.extend(context[:rows], rows)
-                if repeat:
-                    steady[rows].append(time.perf_counter() - began)
-                model.truncate(keep)
+                    times[rows].append(seconds)
+        # the first of each size builds the graph the others reuse
+        steady = {rows: [decode_seconds(rows) for _ in range(4 * repeats + 1)][1:] for rows in STEADY_ROWS}
         tokens = probe_tokens(lambda text: model.tokenize(text, add_special=True, parse_special=False))
         diffs = row_count_diffs(model, tokens, INVARIANCE_ROWS)
         probe = measure_model(model)
