@@ -6,8 +6,9 @@
 #                             libraries, compiles; random-weight models of real shapes are written meanwhile:
 #                             about 6 minutes on 16 cores
 #   bash gpu/check.sh run     every command on CUDA, then `python -m localspec.bench gpu` (its report is saved
-#                             after each stage, so a time limit leaves what was measured): about 5 minutes;
-#                             the report and logs land in $OUT
+#                             after each stage, so a time limit leaves what was measured), then the pair's
+#                             target again with the CUDA patch's kernel choice undone (gpu-report-stock.md):
+#                             about 2 minutes with REPEATS=3; the reports and logs land in $OUT
 #
 # The triage loads the draft the way localspec does (gpu/load_probe.py); where that crashes, cuda-gdb's backtrace
 # of the crash lands in $OUT.
@@ -116,6 +117,12 @@ run_all() {
   say "measuring: ${args[*]}"
   timeout "${BENCH_TIMEOUT:-300}" "$PY" -m localspec.bench gpu "${args[@]}" --note "nvidia-smi: $(head -1 "$OUT/nvidia-smi.txt")" \
     --out "$OUT/gpu-report.md" >> "$OUT/check.log" 2>&1 || say "the report FAILED (see check.log)"
+  # the CUDA patch's kernel choice undone on the same build: what its dispatch part costs and what it buys
+  say "measuring the pair's target with LOCALSPEC_CUDA_STOCK_DISPATCH=1"
+  LOCALSPEC_CUDA_STOCK_DISPATCH=1 timeout 150 "$PY" -m localspec.bench gpu --repeats "${REPEATS:-5}" \
+    --model "target-${PAIR_SHAPE^^}=$MODELS/$PAIR_SHAPE-q4_k_m.gguf" --out "$OUT/gpu-report-stock.md" \
+    --note "LOCALSPEC_CUDA_STOCK_DISPATCH=1: upstream's choice of kernels (the patch's warp count stays)" \
+    >> "$OUT/check.log" 2>&1 || say "the stock-dispatch report FAILED (see check.log)"
   { printf '\n## The load triage and every command (gpu/check.sh)\n\n'
     grep -E 'load probe|cuda-gdb|\] \$ |\] exit ' "$OUT/check.log" | sed 's/^/    /'; } >> "$OUT/gpu-report.md"
   say "run done"

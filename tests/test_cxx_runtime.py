@@ -64,3 +64,26 @@ def test_the_installed_build_passes_and_each_library_is_read_once():
     assert {"llama", "ggml-base", "ggml-cpu"} <= set(libraries)
     assert all(path.name.endswith(".so") for path in libraries.values())  # the shortest of each library's names
     assert not [path for path in libraries.values() if runtime.exports_cxx_runtime(path)]
+
+
+PATCH_SOURCE = 'extern "C" int localspec_patch_cuda_batch_invariant(void) { return 1; }\n'
+
+
+@pytest.mark.parametrize(("flags", "announced"), [([], True), (["-fvisibility=hidden"], False)])
+def test_the_cuda_patch_is_found_in_the_gpu_library_symbol_table(tmp_path, monkeypatch, flags, announced):
+    """libggml-cuda is too large to read whole: the CUDA patch's symbol is looked up in its hash table. A
+    library that keeps the symbol hidden is the control (a build that does not announce the patch)."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    (tmp_path / "patch.cpp").write_text(PATCH_SOURCE)
+    library = tmp_path / "libggml-cuda.so"
+    subprocess.run([compiler, "-shared", "-fPIC", *flags, str(tmp_path / "patch.cpp"), "-o", str(library)], check=True)
+    assert runtime.defines_symbol(library, "localspec_patch_cuda_batch_invariant") is announced
+    monkeypatch.setattr(runtime, "library_files", lambda folder=None: {"ggml-cuda": library})
+    runtime.build_patches.cache_clear()
+    try:
+        assert (runtime.CUDA_PATCH in runtime.build_patches()) is announced
+        assert runtime.cuda_batch_invariant() is announced
+        monkeypatch.setenv(runtime.CUDA_STOCK_DISPATCH_ENV, "1")  # the patch's kernel choice undone
+        assert not runtime.cuda_batch_invariant()
+    finally:
+        runtime.build_patches.cache_clear()

@@ -11,7 +11,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.app.invariance import PROBE_SIZES, diagnose, measure_batch_invariance, probe_tokens
+from localspec.app.invariance import (
+    PROBE_SIZES,
+    diagnose,
+    measure_batch_invariance,
+    probe_sizes,
+    probe_tokens,
+    within_invariant_rows,
+)
+from localspec.core.options import GenerationOptions
+from localspec.core.sampling import SamplingParams
 
 from .toy import ToyLM
 
@@ -65,6 +74,39 @@ def test_measurement_sees_a_difference_in_any_batch_size_class() -> None:
     for min_rows in PROBE_SIZES:  # a kernel that switches only at this many rows is still caught
         report = report_for({"extra_buffers": True}, {"extra_buffers"}, min_rows)
         assert not report.identical and report.max_abs_diff == pytest.approx(1e-3, rel=1e-3), min_rows
+
+
+def test_where_kernels_bound_invariance_the_probe_stops_at_the_bound() -> None:
+    """On CUDA (``invariant_rows`` 8) a batch of 9 or more rows switches kernels and localspec never verifies
+    one in greedy or invariant mode: the probe covers every size class up to the bound, the bound itself too."""
+    bounded = BatchSensitiveLM({}, set())
+    assert probe_sizes(bounded) == PROBE_SIZES  # no bound: every class
+    bounded.invariant_rows = 8
+    assert probe_sizes(bounded) == (2, 3, 5, 8)
+    bounded.settings, bounded.breaks = {"gpu": True}, {"gpu"}
+    for min_rows in (2, 8):  # the bound is probed, so a switch at exactly 8 rows is caught
+        bounded.min_rows = min_rows
+        assert not measure_batch_invariance(bounded, probe_tokens(bounded.tokenize)).identical, min_rows
+    bounded.min_rows = 9  # past the bound: not localspec's batch, and not reported
+    assert measure_batch_invariance(bounded, probe_tokens(bounded.tokenize)).identical
+
+
+@pytest.mark.parametrize(
+    ("mode", "temperature", "k", "limit", "expected"),
+    [
+        ("greedy", 0.0, 8, 8, 7),  # 8 drafts and the row before them: 9 rows, one too many
+        ("invariant", 0.7, 16, 8, 7),
+        ("rejection", 0.0, 8, 8, 7),  # T = 0 is greedy in any mode
+        ("greedy", 0.0, 7, 8, 7),  # 8 rows: within the bound
+        ("rejection", 0.7, 16, 8, 16),  # exact by rule, whatever the batch
+        ("greedy", 0.0, 16, None, 16),  # no bound (the CPU)
+    ],
+)
+def test_a_mode_that_needs_invariance_verifies_within_the_bound(mode, temperature, k, limit, expected) -> None:
+    options = GenerationOptions(mode=mode, draft_tokens=k, adaptive=True, min_draft_tokens=min(k, 8))
+    bounded = within_invariant_rows(options, SamplingParams(temperature=temperature), limit)
+    assert bounded.draft_tokens == expected
+    assert bounded.min_draft_tokens <= bounded.draft_tokens
 
 
 def test_repacked_kernels_are_named_with_the_patched_build_as_the_fix() -> None:

@@ -54,6 +54,28 @@ def test_greedy_speculative_equals_target_only(engines) -> None:
     assert rejected_somewhere, "the test never exercised a rejection"
 
 
+def test_where_the_target_bounds_invariant_rows_greedy_verifies_within_them(engines, monkeypatch) -> None:
+    """As on CUDA, where a batch of 9 rows leaves the one-row kernels: the bound (3 here) caps K in greedy
+    mode for every front end's reply, adaptive too; sampling at T > 0 keeps its K (exact by rule)."""
+    speculative, plain = engines["q4_1"], engines["none"]
+    monkeypatch.setattr(LlamaModel, "invariant_rows", property(lambda model: 3))
+    greedy = SamplingParams(temperature=0.0)
+    prompt = speculative.encode_raw(RAW_PROMPTS[1]).tokens
+    expected, _ = generate(plain, prompt, greedy, mode="greedy", max_tokens=48)
+    for adaptive in (False, True):
+        got, steps = generate(speculative, prompt, greedy, mode="greedy", max_tokens=48, draft_tokens=8,
+                              adaptive=adaptive)  # fmt: skip
+        assert got.token_ids == expected.token_ids
+        assert steps and max(step.k for step in steps) <= 2, adaptive
+        if adaptive:  # the controller chooses within 0..2
+            assert speculative.decoder.policy.controller.k_max == 2
+        else:  # the cap, not a coincidence, bounds K
+            assert max(step.k for step in steps) == 2
+    _, steps = generate(speculative, prompt, SamplingParams(temperature=0.7), mode="rejection", max_tokens=48,
+                        draft_tokens=5)  # fmt: skip
+    assert max(len(step.drafted) for step in steps) == 5  # control: the bound is for invariance only
+
+
 def test_greedy_with_weak_draft_and_prompt_lookup(engines, demo_paths) -> None:
     plain = engines["none"]
     greedy = SamplingParams(temperature=0.0)

@@ -24,8 +24,10 @@ from localspec.app.invariance import (
     diagnose,
     load_cached,
     measure_model,
+    needs_invariance,
     save_cached,
     suspects,
+    within_invariant_rows,
 )
 from localspec.app.records import with_position_records
 from localspec.app.templates import ChatTemplate, Message, build_messages
@@ -187,6 +189,7 @@ class Engine:
         (the benchmark compares both in one run).
         """
         params = params if params is not None else self.config.sampling.params()
+        options = within_invariant_rows(options, params, self.invariant_rows)
         self._reconnect_target()
         decoder = self.decoder if drafter is None else self._decoder_with(drafter)
         with self.lock:
@@ -304,6 +307,11 @@ class Engine:
         save_cached(self.target_path, settings, build, report, found)
         return found
 
+    @property
+    def invariant_rows(self) -> int | None:
+        """The most rows the target's kernels keep batch-invariant (8 on CUDA), or None: no bound (the CPU)."""
+        return getattr(self.target, "invariant_rows", None)
+
     def ensure_invariance(self, options: GenerationOptions, params) -> str | None:
         """Before a reply that needs batch invariance: make the target invariant, or say why it cannot be.
 
@@ -314,7 +322,7 @@ class Engine:
         costs); when nothing helps, a one-line warning names the cause.
         Never silent. Returns the line to show, or ``None``.
         """
-        if options.mode not in ("greedy", "invariant") and not params.greedy:
+        if not needs_invariance(options, params):
             return None
         report = self.invariance()
         if report is None or report.identical:

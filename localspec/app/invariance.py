@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ import numpy as np
 
 from localspec.app.files import write_atomically
 from localspec.core.model import LanguageModel
+from localspec.core.options import GenerationOptions
+from localspec.core.sampling import SamplingParams
 
 PROBE_TEXT = (
     "Speculative decoding must not change a single bit of the output. The quick brown fox jumps over the lazy dog; "
@@ -36,7 +38,35 @@ PROBE_BATCH = 5
 # gemv, 17 = one block of 16 + 1), Q6_K to a 1-4-row vec_dot below 8 rows and the tiled K-quant
 # matmul from 8 on (9, 13, 17 = the largest batch, K = 16 drafts plus one).
 PROBE_SIZES = (2, 3, 5, 9, 13, 17)
+
+
+def probe_sizes(model: LanguageModel) -> tuple[int, ...]:
+    """The batch sizes to probe: :data:`PROBE_SIZES`, or where the model's kernels bound invariance (its
+    ``invariant_rows``, e.g. 8 on CUDA) the sizes up to that bound and the bound itself — localspec never
+    verifies more rows at once there when a mode needs invariance."""
+    limit = getattr(model, "invariant_rows", None)
+    if limit is None:
+        return PROBE_SIZES
+    return tuple(size for size in PROBE_SIZES if size < limit) + (limit,)
+
+
 PAST = 300  # positions beyond 256: flash attention on CPU changes there (measured)
+
+
+def needs_invariance(options: GenerationOptions, params: SamplingParams) -> bool:
+    """Greedy and invariant modes (and any mode at T = 0) promise target-only output token for token, which
+    holds only where the target's logits do not depend on the batch they were computed in."""
+    return options.mode in ("greedy", "invariant") or params.greedy
+
+
+def within_invariant_rows(options: GenerationOptions, params: SamplingParams, limit: int | None) -> GenerationOptions:
+    """``options`` with K lowered where a mode needs batch invariance and the target's kernels keep it only up
+    to ``limit`` rows (8 on CUDA), so that no verification batch (K drafts and one more row) leaves the
+    kernels a single row takes."""
+    if limit is None or not needs_invariance(options, params) or options.draft_tokens < limit:
+        return options
+    k = limit - 1
+    return replace(options, draft_tokens=k, min_draft_tokens=min(options.min_draft_tokens, k))
 
 
 @dataclass
@@ -108,7 +138,7 @@ def measure_batch_invariance(model: LanguageModel, tokens: list[int]) -> Invaria
     probe = tokens[n : n + PROBE_BATCH]
     diffs: list[tuple[str, float, int]] = []
 
-    for size, diff in row_count_diffs(model, tokens, PROBE_SIZES).items():
+    for size, diff in row_count_diffs(model, tokens, probe_sizes(model)).items():
         diffs.append((f"verify batch of {size} at position 16", diff, size + 1))
 
     model.truncate(0)

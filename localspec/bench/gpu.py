@@ -26,8 +26,15 @@ from typing import Any
 
 from localspec.app.config import Config
 from localspec.app.engine import Engine, hand_over_seconds, llama_settings, load_model
-from localspec.app.invariance import llama_build, measure_model, probe_tokens, row_count_diffs
+from localspec.app.invariance import (
+    llama_build,
+    measure_model,
+    probe_tokens,
+    row_count_diffs,
+    within_invariant_rows,
+)
 from localspec.core.events import StepEvent
+from localspec.core.options import GenerationOptions
 from localspec.core.perf import best_draft_length
 from localspec.core.sampling import SamplingParams
 
@@ -140,23 +147,19 @@ def llama_bench(binary: str, path: str, n_gpu_layers: int) -> dict[str, Any]:
 
 
 def identity(engine: Engine, prompts: list[dict], max_tokens: int) -> list[dict[str, Any]]:
-    """Greedy speculation at fixed K (batches of 5 and 9 rows) against target-only, token for token."""
+    """Greedy speculation at fixed K (batches of 5 and 9 rows, or as many as the target keeps invariant:
+    8 on CUDA) against target-only, token for token."""
     greedy = SamplingParams(temperature=0.0)
     found = []
     for prompt in prompts:
         tokens = engine.encode_prompt(engine.config, [], prompt["prompt"]).tokens
-        alone = _reply(engine, tokens, greedy, mode="target-only", max_tokens=max_tokens)
-        for k in (4, 8):
-            reply = _reply(
-                engine,
-                tokens,
-                greedy,
-                mode="greedy",
-                max_tokens=max_tokens,
-                draft_tokens=k,
-                adaptive=False,
-                lookup=False,
+        alone = _reply(engine, tokens, greedy, engine.options(mode="target-only", max_tokens=max_tokens))
+        for asked in (4, 8):
+            options = engine.options(
+                mode="greedy", max_tokens=max_tokens, draft_tokens=asked, adaptive=False, lookup=False
             )
+            k = within_invariant_rows(options, greedy, engine.invariant_rows).draft_tokens  # what the reply runs
+            reply = _reply(engine, tokens, greedy, options)
             same = next((i for i, (a, b) in enumerate(zip(alone, reply)) if a != b), None)
             found.append(
                 {
@@ -170,8 +173,8 @@ def identity(engine: Engine, prompts: list[dict], max_tokens: int) -> list[dict[
     return found
 
 
-def _reply(engine: Engine, tokens: list[int], params: SamplingParams, **options) -> list[int]:
-    return list(list(engine.stream(tokens, engine.options(**options), params))[-1].token_ids)
+def _reply(engine: Engine, tokens: list[int], params: SamplingParams, options: GenerationOptions) -> list[int]:
+    return list(list(engine.stream(tokens, options, params))[-1].token_ids)
 
 
 def loop_profile(engine: Engine, prompt: dict, max_tokens: int, top: int = 12) -> list[dict[str, Any]]:

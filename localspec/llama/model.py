@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from localspec.core.errors import IncompatiblePairError, ModelError, PromptTooLongError
-from localspec.llama import rpc
+from localspec.llama import rpc, runtime
 from localspec.llama.placement import (
     CPU_ONLY,
     WeightPlacement,
@@ -432,6 +432,15 @@ class LlamaModel:
     @property
     def size_bytes(self) -> int:
         return int(C.llama_model_size(self._model))
+
+    @property
+    def invariant_rows(self) -> int | None:
+        """The largest batch whose rows can equal the same rows decoded one at a time, where llama.cpp's kernels
+        bound it: 8 with layers on a CUDA GPU and localspec's CUDA patch (from 9 rows quantized products take
+        another kernel family); None where no kernel switch bounds it (the CPU, with localspec's patches)."""
+        offload = self.placement.offload
+        on_cuda = offload.output_on_gpu and any(device.startswith("CUDA") for device in offload.devices)
+        return runtime.CUDA_INVARIANT_ROWS if on_cuda and runtime.cuda_batch_invariant() else None
 
 
 @functools.lru_cache(maxsize=64)

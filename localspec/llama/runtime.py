@@ -45,7 +45,13 @@ AMX_NO_TILES_ENV = "GGML_AMX_NO_TILES"  # read by localspec's AMX patches: batch
 AMX_ROWS_PATCH = "speed_amx_rows_without_tiles"  # the patch that reads that variable
 AMX_STREAMED_PATCH = "speed_amx_streamed_rows"  # the patch with batch kernels on top of it
 PATCH_SYMBOL = "localspec_patch_"  # each patch exports localspec_patch_<its name> (patches/series)
-PATCHED_LIBRARIES = ("ggml-base", "ggml-cpu", "ggml-rpc")  # the libraries patches/series changes
+PATCHED_LIBRARIES = ("ggml-base", "ggml-cpu", "ggml-rpc")  # the libraries patches/series changes, read whole
+# The CUDA patch (patches/*-cuda-batch-invariant.patch) announces itself in libggml-cuda, too large to read whole.
+# Up to 8 rows a batch (llama.cpp's MMVQ_MAX_BATCH_SIZE) it keeps every product in the one-row kernels; from 9
+# on llama.cpp computes quantized products with another kernel family (MMQ), which no setting changes.
+CUDA_PATCH = "cuda_batch_invariant"
+CUDA_INVARIANT_ROWS = 8
+CUDA_STOCK_DISPATCH_ENV = "LOCALSPEC_CUDA_STOCK_DISPATCH"  # read by the patch: upstream's kernel choice (measuring)
 
 
 class ComputeThread:
@@ -182,12 +188,9 @@ def library_files(folder: Path | None = None) -> dict[str, Path]:
     return by_library
 
 
-def exports_cxx_runtime(library: Path) -> bool:
-    """Whether ``library`` exports a C++ runtime of its own: libstdc++ linked into it statically with its
-    symbols left public. Libraries built so bind to one another's copy, whose state (locales, facets) that
-    copy never set up — on CUDA a model load crashed in llama.cpp's first number written to a stream. Read
-    from the dynamic symbol table: a definition, not a reference to libstdc++.so; a file that is not ELF
-    (macOS, Windows) has none."""
+def defines_symbol(library: Path, name: str) -> bool:
+    """Whether ``library`` defines (not merely references) the exported symbol ``name``. Read from the dynamic
+    symbol table's hash, without loading the library; a file that is not ELF (macOS, Windows) has none."""
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 
@@ -197,15 +200,21 @@ def exports_cxx_runtime(library: Path) -> bool:
             # the symbol hash table answers in a millisecond; a whole table read by name takes 100s of ms
             table = elf.get_section_by_name(".gnu.hash") or elf.get_section_by_name(".hash")
             if table is not None:
-                symbols = [found] if (found := table.get_symbol(CXX_RUNTIME_SYMBOL)) else []
+                symbols = [found] if (found := table.get_symbol(name)) else []
             else:
-                symbols = elf.get_section_by_name(".dynsym").get_symbol_by_name(CXX_RUNTIME_SYMBOL) or []
+                symbols = elf.get_section_by_name(".dynsym").get_symbol_by_name(name) or []
             return any(symbol["st_shndx"] != "SHN_UNDEF" for symbol in symbols)
     except ELFError:
         return False
 
 
-@functools.cache
+def exports_cxx_runtime(library: Path) -> bool:
+    """Whether ``library`` exports a C++ runtime of its own: libstdc++ linked into it statically with its
+    symbols left public. Libraries built so bind to one another's copy, whose state (locales, facets) that
+    copy never set up — on CUDA a model load crashed in llama.cpp's first number written to a stream."""
+    return defines_symbol(library, CXX_RUNTIME_SYMBOL)
+
+
 def check_cxx_runtime(folder: Path | None = None) -> None:
     """Refuse a llama.cpp build whose libraries export C++ runtimes of their own (:func:`exports_cxx_runtime`),
     with the fix, rather than crash at the first model load."""
@@ -224,14 +233,23 @@ def build_patches() -> tuple[str, ...]:
     symbol ``localspec_patch_<name>`` (``-`` as ``_``) in the ggml library it changes, found in the export
     tables of the libraries patches change (read as bytes: opening a second copy of a library would give
     it state of its own). One file per library: the wheel holds a copy under each of its names, and a
-    GPU backend's library, which no patch touches, can be hundreds of MB. A stock build has none."""
+    GPU backend's library can be hundreds of MB: the CUDA patch's symbol is looked up in its hash table instead.
+    A stock build has none."""
     symbol = re.compile(re.escape(PATCH_SYMBOL.encode()) + rb"(\w+)")
     found: set[str] = set()
     libraries = library_files()
     for library in PATCHED_LIBRARIES:
         if library in libraries:
             found |= {name.decode() for name in symbol.findall(libraries[library].read_bytes())}
+    if "ggml-cuda" in libraries and defines_symbol(libraries["ggml-cuda"], PATCH_SYMBOL + CUDA_PATCH):
+        found.add(CUDA_PATCH)
     return tuple(sorted(found))
+
+
+def cuda_batch_invariant() -> bool:
+    """Whether the installed build has localspec's CUDA patch: on an NVIDIA GPU, batches of up to
+    :data:`CUDA_INVARIANT_ROWS` rows run the one-row kernels, so each row equals the same row decoded alone."""
+    return CUDA_PATCH in build_patches() and not os.environ.get(CUDA_STOCK_DISPATCH_ENV)
 
 
 def tiled_matmul_invariant() -> bool:
