@@ -30,8 +30,14 @@ export LOCALSPEC_CACHE=$WORK/cache LOCALSPEC_MODELS=$WORK/models
 MODELS=$WORK/randmodels
 say() { echo "[$(date +%T)] $*" | tee -a "$OUT/check.log"; }
 
-build() {
+# the demo pair's file travels in two parts, .gpu/ with the first call and .gpu2/ with the second: each call keeps
+# the part it carries in $WORK
+keep_demo_parts() {
   for part in "$ROOT"/.gpu/demo.part1 "$ROOT"/.gpu2/demo.part2; do [ -f "$part" ] && cp "$part" "$WORK/"; done
+}
+
+build() {
+  keep_demo_parts
   rm -rf "$WORK/src" && tar -xzf "$ROOT/.gpu/src.tar.gz" -C "$WORK"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$ROOT"/.gpu/wheels/*.whl
   gunzip -c "$ROOT/.gpu/template.gguf.gz" > "$WORK/template.gguf"
@@ -103,6 +109,7 @@ commands() {  # every command, each started as `$@` (localspec)
 
 run_all() {
   export PYTHONPATH=$ROOT:$PYTHONPATH  # the working tree's localspec, which may be newer than the installed one
+  keep_demo_parts
   if [ -f "$WORK/demo.part1" ] && [ -f "$WORK/demo.part2" ]; then
     mkdir -p "$LOCALSPEC_MODELS" && cat "$WORK/demo.part1" "$WORK/demo.part2" > "$LOCALSPEC_MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
     timeout 300 localspec models prepare --pair demo >> "$OUT/check.log" 2>&1 || say "demo pair not prepared"

@@ -208,6 +208,11 @@ def test_a_gpu_that_computes_batches_differently_is_named_with_what_still_holds(
     )
     assert on_gpu.remedy is None and "on CUDA0" in on_gpu.cause and "MMVQ" not in on_gpu.cause
     assert "rejection mode" in on_gpu.fix and "n_gpu_layers: 0" in on_gpu.fix
+    assert "make install" in on_gpu.fix  # a build without localspec's CUDA patch: the fix is the patched build
+    patched = diagnose(report, loader({"the gpu kernels": True}, unfixable, []), current,
+                       {**UNPATCHED, "device": "CUDA0", "cuda_patch": "yes"})  # fmt: skip
+    assert "localspec's CUDA patch" in patched.cause and "make install" not in patched.fix
+    assert "rejection mode" in patched.fix
     on_cpu = diagnose(report, loader({"the gpu kernels": True}, unfixable, []), current, UNPATCHED)
     assert "CUDA" not in on_cpu.cause and "x86 CPUs" in on_cpu.fix  # negative control: the CPU keeps its words
     flash = {"extra_buffers": False, "flash_attention": True}

@@ -68,7 +68,8 @@ def test_where_the_target_bounds_invariant_rows_greedy_verifies_within_them(engi
         assert got.token_ids == expected.token_ids
         assert steps and max(step.k for step in steps) <= 2, adaptive
         if adaptive:  # the controller chooses within 0..2
-            assert speculative.decoder.policy.controller.k_max == 2
+            controller = speculative.decoder.policy.controller
+            assert (controller.k_max, controller.lookup_max) == (2, 2)  # lookup's copies too (32 unbounded)
         else:  # the cap, not a coincidence, bounds K
             assert max(step.k for step in steps) == 2
     _, steps = generate(speculative, prompt, SamplingParams(temperature=0.7), mode="rejection", max_tokens=48,

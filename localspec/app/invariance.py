@@ -60,13 +60,13 @@ def needs_invariance(options: GenerationOptions, params: SamplingParams) -> bool
 
 
 def within_invariant_rows(options: GenerationOptions, params: SamplingParams, limit: int | None) -> GenerationOptions:
-    """``options`` with K lowered where a mode needs batch invariance and the target's kernels keep it only up
-    to ``limit`` rows (8 on CUDA), so that no verification batch (K drafts and one more row) leaves the
-    kernels a single row takes."""
-    if limit is None or not needs_invariance(options, params) or options.draft_tokens < limit:
+    """``options`` bounded to ``limit`` rows a verification (``max_rows``; K lowered, lookup's copies too) where
+    a mode needs batch invariance and the target's kernels keep it only up to ``limit`` rows (8 on CUDA), so
+    that no verification batch (K drafts and one more row) leaves the kernels a single row takes."""
+    if limit is None or not needs_invariance(options, params):
         return options
-    k = limit - 1
-    return replace(options, draft_tokens=k, min_draft_tokens=min(options.min_draft_tokens, k))
+    k = min(options.draft_tokens, limit - 1)
+    return replace(options, draft_tokens=k, min_draft_tokens=min(options.min_draft_tokens, k), max_rows=limit)
 
 
 @dataclass
@@ -74,18 +74,28 @@ class InvarianceReport:
     """Outcome of comparing logits computed in batches with one-token-at-a-time logits."""
 
     model: str
-    identical: bool
+    identical: bool  # every verification batch's rows equal the rows alone: the greedy/invariant promise holds
     max_abs_diff: float
     rows_compared: int
     details: list[str] = field(default_factory=list)
+    # a prompt evaluated in one batch against the same in two (0.0: identical). Not part of the promise: a
+    # speculative reply and a target-only one continue the same cache; where it differs (llama.cpp's long
+    # batches on CUDA), what was cached can change a reply, with a draft or without
+    prompt_split_diff: float = 0.0
 
     def line(self) -> str:
         """One line for the doctor and the UI: the verdict with every comparison's outcome."""
         if self.identical:
-            return (
+            line = (
                 f"{self.model}: batched and sequential logits are bit-identical "
                 f"({self.rows_compared} rows; {'; '.join(self.details)})"
             )
+            if self.prompt_split_diff:
+                line += (
+                    "; a prompt evaluated whole or in parts differs, so what was cached can change a reply, "
+                    "with a draft or without"
+                )
+            return line
         return (
             f"{self.model}: batched and sequential logits DIFFER (max |diff| {self.max_abs_diff:.3g}; "
             f"{'; '.join(self.details)}); greedy/invariant output may differ from target-only"
@@ -130,7 +140,8 @@ def measure_batch_invariance(model: LanguageModel, tokens: list[int]) -> Invaria
 
     1. verification batches of every size class vs one token at a time, early in the context;
     2. a batch past position 256 (where CPU flash attention changes);
-    3. a prompt evaluated in one batch vs in two chunks (KV reuse across turns).
+    3. a prompt evaluated in one batch vs in two chunks (KV reuse across turns): reported, not part of the
+       verdict (see :attr:`InvarianceReport.prompt_split_diff`).
     One more token is decoded after each batch, so keys/values written inside
     a batch are compared too, not only the batch's own output rows.
     """
@@ -151,12 +162,14 @@ def measure_batch_invariance(model: LanguageModel, tokens: list[int]) -> Invaria
     half = (n + 1) // 2
     model.extend(tokens[:half], 0)
     split = model.extend(tokens[half : n + 1], 1)
-    diffs.append((f"prompt of {n + 1} in one batch vs two", _diff(whole, split), 1))
+    split_diff = _diff(whole, split)
     model.truncate(0)
 
     worst = max(d for _, d, _ in diffs)
+    diffs.append((f"prompt of {n + 1} in one batch vs two", split_diff, 1))
     details = [f"{label}: {'identical' if d == 0 else f'max diff {d:.3g}'}" for label, d, _ in diffs]
-    return InvarianceReport(getattr(model, "name", "model"), worst == 0.0, worst, sum(r for *_, r in diffs), details)
+    rows = sum(r for *_, r in diffs)
+    return InvarianceReport(getattr(model, "name", "model"), worst == 0.0, worst, rows, details, split_diff)
 
 
 def measure_model(model) -> InvarianceReport:
@@ -246,13 +259,24 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
             "from target-only where two tokens nearly tie, and rejection mode (the default) stays exact by its rule",
         )
     if device != "the CPU":
+        until = (
+            "greedy and invariant output may differ from target-only where two tokens nearly tie; rejection mode "
+            "(the default) stays exact by its rule; model.n_gpu_layers: 0 keeps the target on the CPU, where it is "
+            "invariant"
+        )
+        if facts.get("cuda_patch") == "yes":
+            return Diagnosis(
+                f"not found: {tried} {report.model} invariant on {device}, although this build keeps batches of up "
+                "to 8 rows in the kernels of one row (localspec's CUDA patch): a kernel the patch does not cover "
+                "computes part of a row",
+                f"none known; {until}",
+            )
         return Diagnosis(
             f"not found: {tried} {report.model} invariant on {device}; llama.cpp's GPU kernels for a "
             "batch of rows are not those for one row (in its CUDA source: quantized matmuls change their reduction "
             "at 5 rows and their kernel above 8, and F16 attention products take the one-row kernel for one row only)",
-            "none on this GPU yet: greedy and invariant output may differ from target-only where two tokens nearly "
-            "tie; rejection mode (the default) stays exact by its rule; model.n_gpu_layers: 0 keeps the target on "
-            "the CPU, where it is invariant",
+            "run `make install` on this machine: its CUDA build carries localspec's patch that keeps batches of up "
+            f"to 8 rows in the kernels of one row; until then {until}",
         )
     return Diagnosis(
         f"not found: {tried} {report.model} ({weight}) invariant on this build",
@@ -363,6 +387,8 @@ def build_id() -> str:
 
 def build_facts(model) -> dict[str, str]:
     """What :func:`diagnose` quotes about a loaded target and the installed build."""
+    from localspec.llama import runtime
+
     build = llama_build()
     offload = model.placement.offload
     return {
@@ -371,6 +397,7 @@ def build_facts(model) -> dict[str, str]:
         "weight_type": model.description,
         "buffers": " + ".join(model.weight_buffers) or "?",
         "patched": "yes" if "q4k_gemv_batch_invariant" in build["patches"] else "no",
+        "cuda_patch": "yes" if runtime.CUDA_PATCH in build["patches"] else "no",
         "llamafile": "on" if "LLAMAFILE = 1" in build["system_info"] else "off",
         "tiled": ("patched" if build["tiled_invariant"] else "on") if build["tiled_matmul"] else "off",
     }

@@ -24,6 +24,7 @@ class GenerationOptions:
     adaptive: bool = False  # choose K per step (localspec.drafting); draft_tokens is then the upper bound
     min_draft_tokens: int = 1  # lower bound of the adaptive K
     lookup: bool = False  # a drafter with a model also copies from the context (HybridDrafter) where that pays
+    max_rows: int = 0  # most rows a verification may hold (0: no bound); set where invariance holds only so far
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -36,6 +37,11 @@ class GenerationOptions:
             raise ConfigError(
                 f"min_draft_tokens = {self.min_draft_tokens} is out of range; allowed: 0 to draft_tokens "
                 f"({self.draft_tokens})"
+            )
+        if self.max_rows and self.draft_tokens >= self.max_rows:
+            raise ConfigError(
+                f"draft_tokens (K) = {self.draft_tokens} needs {self.draft_tokens + 1} rows a verification; "
+                f"allowed: at most max_rows - 1 ({self.max_rows - 1})"
             )
         if self.detail_top < 0:
             raise ConfigError(f"detail_top = {self.detail_top} is out of range; allowed: 0 or more")

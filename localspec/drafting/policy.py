@@ -55,9 +55,12 @@ class SpeedPolicy:
         """The adaptive controller for these settings, kept across replies: resumed from what an earlier
         process learnt, else started from the costs timed before the first adaptive step."""
         key = (options.mode, params.temperature, options.min_draft_tokens, options.draft_tokens, options.lookup)
+        key += (options.max_rows,) if options.max_rows else ()  # keeps the keys of what earlier processes learnt
         controller = self._controllers.get(key)
         if controller is None:
-            controller = self._controllers[key] = AdaptiveK(options.min_draft_tokens, options.draft_tokens)
+            lookup_max = min(AdaptiveK.lookup_max, options.max_rows - 1) if options.max_rows else AdaptiveK.lookup_max
+            controller = AdaptiveK(options.min_draft_tokens, options.draft_tokens, lookup_max=lookup_max)
+            self._controllers[key] = controller
             if key in self._learned:
                 controller.resume(self._learned[key])
                 return controller
