@@ -5,6 +5,8 @@
 #                             beside it, then the load triage (below) while llama-bench, linked to the same
 #                             libraries, compiles; random-weight models of real shapes are written meanwhile:
 #                             about 6 minutes on 16 cores
+#   bash gpu/check.sh ui      Gradio from .gpu3/ installed beside localspec, then `localspec ui` asked one reply
+#                             through gradio_client (gpu/ui_probe.py): under a minute
 #   bash gpu/check.sh run     every command on CUDA, then `python -m localspec.bench gpu` (its report is saved
 #                             after each stage, so a time limit leaves what was measured), then the pair's
 #                             target again with the CUDA patch's kernel choice undone (gpu-report-stock.md):
@@ -94,6 +96,16 @@ triage() {
   fi
 }
 
+ui_probe() {  # the chat UI on the pair, driven as the page drives it; its line joins the next run's report
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$WORK/site" "$ROOT"/.gpu3/wheels/*.whl
+  export PYTHONPATH=$ROOT:$PYTHONPATH
+  say "\$ python3 gpu/ui_probe.py $PAIR_SHAPE-q4_k_m.gguf 0.5b-q4_0.gguf"
+  timeout 240 "$PY" "$ROOT/gpu/ui_probe.py" "$MODELS/$PAIR_SHAPE-q4_k_m.gguf" "$MODELS/0.5b-q4_0.gguf" \
+    > "$OUT/ui-probe.log" 2>&1
+  say "exit $? — $(tail -1 "$OUT/ui-probe.log")"
+  grep -E '\] \$ |\] exit ' "$OUT/check.log" | tail -2 > "$WORK/ui-probe.txt"
+}
+
 commands() {  # every command, each started as `$@` (localspec)
   local target=$MODELS/$PAIR_SHAPE-q4_k_m.gguf draft=$MODELS/0.5b-q4_0.gguf log=$OUT/commands.log
   run() { say "\$ $*"; timeout 120 "$@" >> "$log" 2>&1; say "exit $?"; }
@@ -131,12 +143,14 @@ run_all() {
     --note "LOCALSPEC_CUDA_STOCK_DISPATCH=1: upstream's choice of kernels (the patch's warp count stays)" \
     >> "$OUT/check.log" 2>&1 || say "the stock-dispatch report FAILED (see check.log)"
   { printf '\n## The load triage and every command (gpu/check.sh)\n\n'
-    grep -E 'load probe|cuda-gdb|\] \$ |\] exit ' "$OUT/check.log" | sed 's/^/    /'; } >> "$OUT/gpu-report.md"
+    grep -E 'load probe|cuda-gdb|\] \$ |\] exit ' "$OUT/check.log" | sed 's/^/    /'
+    [ -f "$WORK/ui-probe.txt" ] && sed 's/^/    /' "$WORK/ui-probe.txt"; } >> "$OUT/gpu-report.md"
   say "run done"
 }
 
 case ${1:-} in
   build) build ;;
+  ui) ui_probe ;;
   run) run_all ;;
-  *) echo "usage: bash gpu/check.sh build|run" >&2; exit 2 ;;
+  *) echo "usage: bash gpu/check.sh build|ui|run" >&2; exit 2 ;;
 esac

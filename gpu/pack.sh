@@ -6,6 +6,7 @@
 #   .gpu/wheels/       the pure-Python packages localspec needs that the device image lacks (Python 3.12)
 #   .gpu/template.gguf.gz  the real 1.5B target's metadata (tokenizer, chat template) without its tensors
 #   .gpu/demo.part1, .gpu2/demo.part2   the demo pair's Q4_1 file in two parts (real weights end to end)
+#   .gpu3/wheels/      Gradio and what it needs beyond the above, at this venv's versions (the UI probe): ~33 MB
 # Usage: gpu/pack.sh PYTHON LLAMA_CPP_VERSION (the Makefile passes both).
 set -euo pipefail
 PYTHON=${1:-python3}
@@ -13,13 +14,14 @@ VERSION=${2:-0.3.36}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PACK=$ROOT/.gpu
 PACK2=$ROOT/.gpu2
+PACK3=$ROOT/.gpu3
 MODELS=${LOCALSPEC_MODELS:-$HOME/.cache/localspec/models}
 SDIST_CACHE=${LOCALSPEC_SDIST_CACHE:-$HOME/.cache/localspec/sdist}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-rm -rf "$PACK" "$PACK2"
-mkdir -p "$PACK/wheels" "$PACK2" "$SDIST_CACHE"
+rm -rf "$PACK" "$PACK2" "$PACK3"
+mkdir -p "$PACK/wheels" "$PACK2" "$PACK3/wheels" "$SDIST_CACHE"
 
 sdist=$SDIST_CACHE/llama_cpp_python-$VERSION.tar.gz
 if [ ! -f "$sdist" ]; then
@@ -43,6 +45,12 @@ tar -czf "$PACK/src.tar.gz" -C "$WORK" src
   -d "$PACK/wheels" diskcache prompt_toolkit wcwidth fastapi starlette uvicorn pydantic pydantic_core \
   annotated_types typing_inspection opentelemetry_api pyelftools
 
+pinned=$("$PYTHON" -c 'import importlib.metadata as m, sys; print(" ".join(f"{n}=={m.version(n)}" for n in sys.argv[1:]))' \
+  gradio gradio_client brotli groovy hf-gradio orjson pydub python-multipart pytz safehttpx semantic-version tomlkit)
+"$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d "$PACK3/wheels" $pinned
+
 PYTHONPATH=$llama/gguf-py "$PYTHON" "$ROOT/gpu/make_template.py" \
   "$MODELS/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" "$WORK/template.gguf" >/dev/null
 gzip -c "$WORK/template.gguf" > "$PACK/template.gguf.gz"
@@ -51,4 +59,4 @@ demo=$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf  # 94 MiB: 40 with the first call, 
 first=$((40 << 20))
 head -c "$first" "$demo" > "$PACK/demo.part1"
 tail -c +"$((first + 1))" "$demo" > "$PACK2/demo.part2"
-du -sh "$PACK" "$PACK2"
+du -sh "$PACK" "$PACK2" "$PACK3"

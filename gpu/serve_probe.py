@@ -1,6 +1,6 @@
 """`localspec serve` on a GPU pair, asked one chat completion over HTTP; prints the reply's first words.
 
-python gpu/serve_probe.py TARGET.gguf DRAFT.gguf
+python gpu/serve_probe.py TARGET.gguf DRAFT.gguf [more `localspec serve` flags]
 """
 
 import socket
@@ -13,8 +13,9 @@ import httpx
 with socket.socket() as sock:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-server = subprocess.Popen(["localspec", "serve", "--target", sys.argv[1], "--draft", sys.argv[2], "--port", str(port)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+command = [sys.executable, "-m", "localspec", "serve", "--target", sys.argv[1], "--draft", sys.argv[2],
+           "--port", str(port), *sys.argv[3:]]  # fmt: skip
+server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 try:
     for line in server.stdout:  # the server says when it is ready
         print(line, end="")
