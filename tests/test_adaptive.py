@@ -713,7 +713,7 @@ def test_where_nothing_pays_the_controller_rests_between_plans(rest_steps: int) 
     controller.seed(Costs({n: cpu_verify(n) for n in (1, 2, 4, 8, 16)}, 0.015))
     plans = []
     for _ in range(200):
-        if controller.resting():
+        if controller.take_rest():
             plans.append(None)
         else:
             plans.append(controller.choose(None).k)
@@ -729,11 +729,11 @@ def test_where_nothing_pays_the_controller_rests_between_plans(rest_steps: int) 
     controller.remeasured(0.0005)
     for rows in range(2, 10):
         controller.observe(rows - 1, rows - 1, rows - 1, 0.0, gpu_verify(rows), 1e-4)
-    while controller.resting():
+    while controller.take_rest():
         pass
-    assert controller.choose(None).k > 0 and not controller.resting()
+    assert controller.choose(None).k > 0 and not controller.take_rest()
     controller.new_reply()
-    assert not controller.resting()
+    assert not controller.take_rest()
 
 
 #: The real pair's target on the AMX VM: seconds per verification batch, by rows (one calibration)

@@ -100,7 +100,7 @@ class AdaptiveK:
         self._reply_start = 0  # the step the current reply began at
         self._quoted_step = -1_000_000  # the last step lookup had a match of two or more tokens
         self._waited_s = 0.0  # seconds the current reply lost while a catch-up waited (see _wait)
-        self._undrafted = 0  # plans in a row that drafted nothing (see resting)
+        self._undrafted = 0  # plans in a row that drafted nothing (see take_rest)
         self._rest = 0  # steps left without a plan
 
     # --- what it starts from ------------------------------------------------------
@@ -129,13 +129,13 @@ class AdaptiveK:
         self.acceptance.new_reply()
 
     # --- what it tells the loop --------------------------------------------------
-    def resting(self) -> bool:
-        """Whether this step goes without a plan: the target writes alone, with no lookup search and no
-        choice. After ``rest_after`` plans in a row drafted nothing, ``rest_steps`` steps rest, then one
-        plans again. A plan costs the step the same whatever it chooses, and the target alone (target-only
-        mode) pays none: where nothing pays, as with a draft nearly as dear as its target (a GPU's case),
-        planning every step kept the default below the target alone (docs/performance.md, "Resting where
-        nothing pays")."""
+    def take_rest(self) -> bool:
+        """Rest this step if a rest is due, and say whether it does. A resting step goes without a plan: the
+        target writes alone, with no lookup search and no choice. After ``rest_after`` plans in a row drafted
+        nothing, ``rest_steps`` steps rest, then one plans again. A plan costs the step the same whatever it
+        chooses, and the target alone (target-only mode) pays none: where nothing pays, as with a draft nearly
+        as dear as its target (a GPU's case), planning every step kept the default below the target alone
+        (docs/performance.md, "Resting where nothing pays")."""
         if self._rest > 0:
             self._rest -= 1
             return True

@@ -17,7 +17,7 @@ class FixedK:
     k: int
     remeasure_draft = False  # it never asks for the draft to be timed
 
-    def resting(self) -> bool:
+    def take_rest(self) -> bool:
         """Never: every step drafts ``k``."""
         return False
 

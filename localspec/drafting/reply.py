@@ -25,7 +25,7 @@ class Controller(Protocol):
 
     remeasure_draft: bool  # asks for one draft token to be timed before the step
 
-    def resting(self) -> bool: ...
+    def take_rest(self) -> bool: ...
 
     def choose(self, match: Match | None = None, model: bool = True, backlog: int = 0) -> Plan: ...
 
@@ -62,8 +62,8 @@ class ReplyDrafting:
 
     def plan(self, context: Sequence[int]) -> Plan:
         """The controller's choice for the step after ``context``; a LOOKUP plan carries lookup's copy. A
-        step the controller rests (:meth:`AdaptiveK.resting`) drafts nothing and looks nothing up."""
-        if self.controller.resting():
+        step the controller rests (:meth:`AdaptiveK.take_rest`) drafts nothing and looks nothing up."""
+        if self.controller.take_rest():
             self._match, self._backlog, self._plan = None, 0, Plan("", 0)
             return self._plan
         has_model = self.drafter.model is not None
