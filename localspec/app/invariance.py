@@ -38,6 +38,7 @@ PROBE_BATCH = 5
 # gemv, 17 = one block of 16 + 1), Q6_K to a 1-4-row vec_dot below 8 rows and the tiled K-quant
 # matmul from 8 on (9, 13, 17 = the largest batch, K = 16 drafts plus one).
 PROBE_SIZES = (2, 3, 5, 9, 13, 17)
+PAST = 300  # positions beyond 256: flash attention on CPU changes there (measured)
 
 
 def probe_sizes(model: LanguageModel) -> tuple[int, ...]:
@@ -48,9 +49,6 @@ def probe_sizes(model: LanguageModel) -> tuple[int, ...]:
     if limit is None:
         return PROBE_SIZES
     return tuple(size for size in PROBE_SIZES if size < limit) + (limit,)
-
-
-PAST = 300  # positions beyond 256: flash attention on CPU changes there (measured)
 
 
 def needs_invariance(options: GenerationOptions, params: SamplingParams) -> bool:
