@@ -29,8 +29,8 @@ if [ ! -f "$sdist" ]; then
 fi
 mkdir -p "$WORK/src"
 tar -xzf "$sdist" -C "$WORK/src" --strip-components=1
-for patch in $(LC_ALL=C ls "$ROOT"/patches/llama-cpp-python-"$VERSION"-*.patch); do
-  patch -s -p1 -d "$WORK/src" < "$patch"
+for patch in $(grep -v '^#' "$ROOT/patches/series"); do  # in the series' order, as `make install` applies them
+  patch -s -p1 -d "$WORK/src" < "$ROOT/patches/$patch"
 done
 llama=$WORK/src/vendor/llama.cpp
 rm -rf "$WORK"/src/{.git,.github,docker,docs,examples,tests}
