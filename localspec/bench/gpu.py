@@ -226,13 +226,14 @@ def _step_split(events) -> dict[str, float]:
 
 
 def end_to_end(config: Config, repeats: int, max_tokens: int, prompt_names: list[str]) -> dict[str, Any]:
-    """The bench's variants (target-only, default, greedy, lookup) and the identity check on one pair."""
+    """The bench's variants (target-only, default, greedy, lookup, and a fixed K: every verification one size, so
+    llama.cpp reuses its graph, against the default's K that changes) and the identity check on one pair."""
     from localspec.bench.e2e import BenchSettings, load_prompts, render_table, run_bench
 
     engine = Engine(config)
     try:
         settings = BenchSettings(
-            variants=("target-only", "hybrid", "hybrid-greedy", "prompt-lookup"),
+            variants=("target-only", "hybrid", "rejection", "hybrid-greedy", "prompt-lookup"),
             prompts=prompt_names,
             repeats=repeats,
             max_tokens=max_tokens,
