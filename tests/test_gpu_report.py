@@ -38,6 +38,7 @@ def _model(label: str, one_row_ms: float, per_row: float, diff: float = 0.0) -> 
         "placement": "all 24 layers and the output on CUDA0",
         "ms": {rows: one_row_ms * (1 + per_row * (rows - 1)) for rows in gpu.COST_ROWS},
         "ms_steady": {rows: 0.8 * one_row_ms * (1 + per_row * (rows - 1)) for rows in gpu.STEADY_ROWS},
+        "depth": 300,
         "batch_diff": {rows: (diff if rows >= 5 else 0.0) for rows in gpu.INVARIANCE_ROWS},
         "probe": f"{label}: ...",
         "probe_identical": diff == 0.0,
@@ -107,7 +108,7 @@ def test_the_report_has_every_section_and_its_predictions() -> None:
     ):
         assert heading in text, heading
     assert "| target-7B | = | = | = | 1.5e-05 |" in text  # rows 2-4 identical, 5 on differ
-    assert "| target-7B | 170.0 | 218.2 | 1.28 |" in text and "no such file" in text  # 1000 / (0.8 * 5.73)
+    assert "| target-7B | 300 | 170.0 | 218.2 | 1.28 |" in text and "no such file" in text  # 1000 / (0.8 * 5.73)
     assert "| target-7B | 4.58 / 5.73 | 6.05 / 7.56 | 7.52 / 9.40 |" in text  # steady against the sweep's
     assert "code, K = 4: 96 tokens, identical" in text and "code, K = 8: 96 tokens, DIFFERS from token 41" in text
     assert "nvidia-smi: NVIDIA H200" in text
@@ -129,6 +130,7 @@ def test_a_models_facts_are_measured_through_localspecs_own_model(demo_paths) ->
     assert set(facts["ms"]) == set(gpu.COST_ROWS) and all(ms > 0 for ms in facts["ms"].values())
     assert set(facts["ms_steady"]) == set(gpu.STEADY_ROWS) and all(ms > 0 for ms in facts["ms_steady"].values())
     assert set(facts["batch_diff"]) == set(gpu.INVARIANCE_ROWS)
+    assert facts["depth"] > 256  # llama-bench is run at this depth, past attention's first 256 cells
     # localspec's CPU build is batch-invariant (the suite's premise): every batch size, and the doctor's probe
     assert all(diff == 0.0 for diff in facts["batch_diff"].values()) and facts["probe_identical"]
 

@@ -56,7 +56,7 @@ def model_facts(label: str, path: str, settings, repeats: int) -> dict[str, Any]
     model = load_model(path, settings, "draft" if label.startswith("draft") else "target")
     load_s = time.perf_counter() - started
     try:
-        context = model.tokenize(CONTEXT_TEXT)
+        context = model.tokenize(CONTEXT_TEXT)  # the depth every decode below follows
         model.extend(context, 1)
         keep = len(model.cached_tokens)
 
@@ -89,6 +89,7 @@ def model_facts(label: str, path: str, settings, repeats: int) -> dict[str, Any]
             "placement": model.placement.reason,
             "ms": {rows: statistics.median(values) * 1000 for rows, values in times.items()},
             "ms_steady": {rows: statistics.median(values) * 1000 for rows, values in steady.items()},
+            "depth": len(context),
             "batch_diff": diffs,
             "probe": probe.line(),
             "probe_identical": probe.identical,
@@ -116,8 +117,9 @@ def predictions(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def llama_bench(binary: str, path: str, n_gpu_layers: int) -> dict[str, Any]:
-    """llama.cpp's own decode rate on ``path`` (``llama-bench -p 0 -n 128``, three repetitions), same build."""
+def llama_bench(binary: str, path: str, n_gpu_layers: int, depth: int) -> dict[str, Any]:
+    """llama.cpp's own decode rate on ``path`` (``llama-bench -p 0 -n 128``, three repetitions), same build,
+    after ``depth`` cached tokens: attention's cost grows with them, so it is compared at localspec's depth."""
     command = [
         binary,
         "-m",
@@ -126,6 +128,8 @@ def llama_bench(binary: str, path: str, n_gpu_layers: int) -> dict[str, Any]:
         "0",
         "-n",
         "128",
+        "-d",
+        str(depth),
         "-r",
         "3",
         "-ngl",
@@ -317,17 +321,20 @@ def render(result: dict[str, Any]) -> str:
             "",
             "## Target alone against llama.cpp's own decoding (llama-bench from the same build)",
             "",
-            "| model | llama-bench tg128 (tok/s) | localspec, one row at a time (tok/s) | localspec / llama-bench |",
-            "|---|---:|---:|---:|",
+            "Both after the same cached tokens (the depth); localspec's is one row decoded again and again.",
+            "",
+            "| model | depth | llama-bench tg128 (tok/s) | localspec, one row at a time (tok/s) | localspec / llama |",
+            "|---|---:|---:|---:|---:|",
         ]
         for m in models:
             theirs = result["llama_bench"].get(m["label"], {})
             mine = 1000 / m["ms_steady"][1]
+            depth = m.get("depth", "?")
             if "tokens_per_second" in theirs:
                 rate = theirs["tokens_per_second"]
-                lines.append(f"| {m['label']} | {rate:.1f} | {mine:.1f} | {mine / rate:.2f} |")
+                lines.append(f"| {m['label']} | {depth} | {rate:.1f} | {mine:.1f} | {mine / rate:.2f} |")
             else:
-                lines.append(f"| {m['label']} | {theirs.get('error', '–')} | {mine:.1f} | – |")
+                lines.append(f"| {m['label']} | {depth} | {theirs.get('error', '–')} | {mine:.1f} | – |")
     names = list(REAL_PAIR_ACCEPTANCE)
     lines += [
         "",
@@ -455,7 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.llama_bench:
         result["llama_bench"] = {}
         for m in models:
-            result["llama_bench"][m["label"]] = llama_bench(args.llama_bench, m["path"], settings.n_gpu_layers)
+            result["llama_bench"][m["label"]] = llama_bench(
+                args.llama_bench, m["path"], settings.n_gpu_layers, m["depth"]
+            )
             save()
     prompts = [name.strip() for name in args.prompts.split(",") if name.strip()]
     for pair in args.pair:
