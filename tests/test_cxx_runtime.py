@@ -83,7 +83,8 @@ def test_the_cuda_patch_is_found_in_the_gpu_library_symbol_table(tmp_path, monke
     try:
         assert (runtime.CUDA_PATCH in runtime.build_patches()) is announced
         assert runtime.cuda_batch_invariant() is announced
-        monkeypatch.setenv(runtime.CUDA_STOCK_DISPATCH_ENV, "1")  # the patch's kernel choice undone
-        assert not runtime.cuda_batch_invariant()
+        for value in ("1", ""):  # the patch's kernel choice undone: set at all, as the patch's getenv reads it
+            monkeypatch.setenv(runtime.CUDA_STOCK_DISPATCH_ENV, value)
+            assert not runtime.cuda_batch_invariant(), value
     finally:
         runtime.build_patches.cache_clear()

@@ -51,7 +51,8 @@ PATCHED_LIBRARIES = ("ggml-base", "ggml-cpu", "ggml-rpc")  # the libraries patch
 # on llama.cpp computes quantized products with another kernel family (MMQ), which no setting changes.
 CUDA_PATCH = "cuda_batch_invariant"
 CUDA_INVARIANT_ROWS = 8
-CUDA_STOCK_DISPATCH_ENV = "LOCALSPEC_CUDA_STOCK_DISPATCH"  # read by the patch: upstream's kernel choice (measuring)
+# read by the patch: set (to anything, as its getenv reads it), upstream's kernel choice (for measuring)
+CUDA_STOCK_DISPATCH_ENV = "LOCALSPEC_CUDA_STOCK_DISPATCH"
 
 
 class ComputeThread:
@@ -249,7 +250,7 @@ def build_patches() -> tuple[str, ...]:
 def cuda_batch_invariant() -> bool:
     """Whether the installed build has localspec's CUDA patch: on an NVIDIA GPU, batches of up to
     :data:`CUDA_INVARIANT_ROWS` rows run the one-row kernels, so each row equals the same row decoded alone."""
-    return CUDA_PATCH in build_patches() and not os.environ.get(CUDA_STOCK_DISPATCH_ENV)
+    return CUDA_PATCH in build_patches() and CUDA_STOCK_DISPATCH_ENV not in os.environ
 
 
 def tiled_matmul_invariant() -> bool:
