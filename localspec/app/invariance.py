@@ -248,20 +248,19 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
     turned_off = " or ".join(name.replace("_", " ") for name in on)
     tried = f"turning {turned_off} off did not make" if on else "no setting made"
     device = facts.get("device", "the CPU")
+    until = (
+        "greedy and invariant output may differ from target-only where two tokens nearly tie, and rejection mode "
+        "(the default) stays exact by its rule"
+    )
     if facts.get("rpc") == "yes":
         return Diagnosis(
             f"not found: {tried} {report.model} invariant on {device}; each RPC server computes its "
             "layers with its own llama.cpp build and device",
             "run every server from this machine's build (`make install`, then `localspec rpc-server`) on its CPU, "
-            "where a batch computes each row as one row does; until then greedy and invariant output may differ "
-            "from target-only where two tokens nearly tie, and rejection mode (the default) stays exact by its rule",
+            f"where a batch computes each row as one row does; until then {until}",
         )
     if device != "the CPU":
-        until = (
-            "greedy and invariant output may differ from target-only where two tokens nearly tie; rejection mode "
-            "(the default) stays exact by its rule; model.n_gpu_layers: 0 keeps the target on the CPU, where it is "
-            "invariant"
-        )
+        until += "; model.n_gpu_layers: 0 keeps the target on the CPU, where it is invariant"
         if facts.get("cuda_patch") == "yes":
             return Diagnosis(
                 f"not found: {tried} {report.model} invariant on {device}, although this build keeps batches of up "
