@@ -7,8 +7,9 @@
 #                             about 6 minutes on 16 cores
 #   bash gpu/check.sh ui      Gradio from .gpu3/ installed beside localspec, then `localspec ui` asked one reply
 #                             through gradio_client (gpu/ui_probe.py): under a minute
-#   bash gpu/check.sh run     every command on CUDA, then `python -m localspec.bench gpu` (its report is saved
-#                             after each stage, so a time limit leaves what was measured), then the pair's
+#   bash gpu/check.sh run     every command on CUDA while llama-server compiles in the build tree, then
+#                             `python -m localspec.bench gpu` (its report is saved after each stage, so a time
+#                             limit leaves what was measured; llama-server's own modes beside localspec's), then the pair's
 #                             target again with the CUDA patch's kernel choice undone (gpu-report-stock.md):
 #                             about 2 minutes with REPEATS=3; the reports and logs land in $OUT
 #
@@ -126,12 +127,21 @@ run_all() {
     mkdir -p "$LOCALSPEC_MODELS" && cat "$WORK/demo.part1" "$WORK/demo.part2" > "$LOCALSPEC_MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
     timeout 300 localspec models prepare --pair demo >> "$OUT/check.log" 2>&1 || say "demo pair not prepared"
   fi
+  local server_build=""
+  if [ -d "$WORK/build" ] && [ ! -x "$WORK/build/bin/llama-server" ]; then
+    say "llama-server from the same build tree, while the commands run"
+    (cmake -S "$WORK/src" -B "$WORK/build" -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+       && cmake --build "$WORK/build" --target llama-server -j "$(nproc)") > "$OUT/llama-server-build.log" 2>&1 &
+    server_build=$!
+  fi
   commands localspec
+  if [ -n "$server_build" ]; then wait "$server_build" || say "llama-server build FAILED (see llama-server-build.log)"; fi
   local args=(--repeats "${REPEATS:-5}" --model "draft-0.5B=$MODELS/0.5b-q4_0.gguf")
   for shape in $SHAPES; do args+=(--model "target-${shape^^}=$MODELS/$shape-q4_k_m.gguf"); done
   args+=(--pair "$MODELS/$PAIR_SHAPE-q4_k_m.gguf:$MODELS/0.5b-q4_0.gguf")
   [ -f "$LOCALSPEC_MODELS/SmolLM2-135M-Instruct.F32.gguf" ] && args+=(--pair demo)
   [ -x "$WORK/build/bin/llama-bench" ] && args+=(--llama-bench "$WORK/build/bin/llama-bench")
+  [ -x "$WORK/build/bin/llama-server" ] && args+=(--llama-cpp "$WORK/build/bin")
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/nvidia-smi.txt" 2>&1
   say "measuring: ${args[*]}"
   timeout "${BENCH_TIMEOUT:-300}" "$PY" -m localspec.bench gpu "${args[@]}" --note "nvidia-smi: $(head -1 "$OUT/nvidia-smi.txt")" \

@@ -34,7 +34,10 @@ for patch in $(grep -v '^#' "$ROOT/patches/series"); do  # in the series' order,
 done
 llama=$WORK/src/vendor/llama.cpp
 rm -rf "$WORK"/src/{.git,.github,docker,docs,examples,tests}
-rm -rf "$llama"/{models,docs,media,benches,tests,examples,tools/ui,tools/server,tools/cli}
+rm -rf "$llama"/{models,docs,media,benches,tests,examples}
+# llama-server (built on the device to time llama.cpp's own modes) needs tools/server, tools/cli and tools/ui's CMake
+# files; it builds without the web UI's sources (llama.cpp's fallback: no embedded UI)
+rm -rf "$llama"/tools/server/{tests,bench} "$llama"/tools/ui/{src,static,tests,package-lock.json}
 for backend in "$llama"/ggml/src/ggml-*/; do
   case $(basename "$backend") in ggml-cpu|ggml-cuda|ggml-blas|ggml-rpc) ;; *) rm -rf "$backend" ;; esac
 done

@@ -172,3 +172,30 @@ def test_the_front_ends_bench_drives_the_terminal_chat_and_the_api(tmp_path) -> 
     ]
     assert all(0 < r["tokens"] <= 8 and r["tokens_per_second"] > 0 for r in runs)
     assert "| target-only |" in table and "| rejection |" in table
+
+
+def test_the_sampler_bench_times_llama_cpps_own_chain_on_the_same_row(demo_paths) -> None:
+    """`python -m localspec.bench sampler --against-llama-cpp`: localspec's target-only draw and llama.cpp's
+    sampler chain on one real output row, both temperatures; llama.cpp's greedy chain and localspec's argmax
+    agree on that row (the same row is what both read)."""
+    import numpy as np
+
+    from localspec.app.engine import llama_cpp_sampler
+    from localspec.bench.sampler import against_llama_cpp, against_llama_cpp_table
+    from localspec.core.sampling import SamplingParams, greedy_token
+    from localspec.llama.model import LlamaModel
+
+    found = against_llama_cpp(str(demo_paths[0]), repeats=2)
+    assert set(found) == {(t, who) for t in ("T = 0", "T = 0.7") for who in ("localspec", "llama.cpp")}
+    assert all(us > 0 for us in found.values())
+    assert against_llama_cpp_table(found, "demo").count("\n| T = ") == 2
+    model = LlamaModel(demo_paths[0], role="target")
+    greedy = llama_cpp_sampler(0.0)
+    try:
+        for text in ("def quicksort(items):", "The capital of France is"):
+            model.truncate(0)
+            row = model.extend(model.tokenize(text), 1)[0]
+            assert greedy.sample(model) == greedy_token(row, SamplingParams(temperature=0.0)) == int(np.argmax(row))
+    finally:
+        greedy.close()
+        model.close()

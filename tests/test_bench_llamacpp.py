@@ -7,6 +7,7 @@ tells a server that remembers earlier requests from a fresh one.
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -18,7 +19,7 @@ from localspec.core.errors import ConfigError, ModelError
 
 STAND_IN = textwrap.dedent(f"""\
     #!{sys.executable}
-    import json, sys
+    import json, os, sys
     from http.server import BaseHTTPRequestHandler, HTTPServer
     args = sys.argv[1:]
     if "--fail" in " ".join(args):
@@ -43,7 +44,10 @@ STAND_IN = textwrap.dedent(f"""\
 
         def do_POST(self):
             global served
-            json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if os.environ.get("STAND_IN_LOG"):  # what each request asked, for the tests to read
+                with open(os.environ["STAND_IN_LOG"], "a") as log:
+                    log.write(json.dumps(body) + "\\n")
             served += 1
             self._reply({{"timings": {{"predicted_n": served, "predicted_ms": 500.0,
                                        "draft_n": 4, "draft_n_accepted": 3}}}})
@@ -83,6 +87,31 @@ def test_a_missing_server_binary_and_a_server_that_exits_are_named(bin_folder: P
     failing = type(failing)("llama.cpp-broken", "broken", ("--fail",))
     with pytest.raises(ModelError, match="bad flag"):
         start_servers(bin_folder, [failing], tmp_path / "t.gguf", None, 1, 512, True)
+
+
+def test_the_sampled_server_draws_from_the_whole_distribution_and_servers_offload_as_localspec(
+    bin_folder: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """At T > 0 llama.cpp's chain is cut to temperature alone (its default keeps the top 40, which localspec never
+    does), at T = 0 the request is plain greedy; -ngl and -ngld follow localspec's n_gpu_layers (-1: all)."""
+    monkeypatch.setenv("STAND_IN_LOG", str(tmp_path / "requests.jsonl"))
+    configs = {c.name: c for c in server_configs()}
+    assert configs["llama.cpp-sampled"].sampled and not configs["llama.cpp"].sampled
+    for layers, expected in ((-1, "999"), (10, "10"), (0, "0")):
+        servers = start_servers(bin_folder, [configs["llama.cpp-sampled"]], tmp_path / "t.gguf", None, 1, 512, True,
+                                n_gpu_layers=layers)  # fmt: skip
+        try:
+            args = servers["llama.cpp-sampled"].process.args
+            assert args[args.index("-ngl") + 1] == expected
+            if layers == -1:
+                servers["llama.cpp-sampled"].complete([1, 2], 8, 0, temperature=0.7)
+                servers["llama.cpp-sampled"].complete([1, 2], 8, 0)
+        finally:
+            for server in servers.values():
+                server.close()
+    sampled, greedy = (json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines())
+    assert (sampled["temperature"], sampled["samplers"]) == (0.7, ["temperature"])
+    assert greedy["temperature"] == 0.0 and "samplers" not in greedy
 
 
 def test_servers_turn_extra_buffers_off_only_all_together(bin_folder: Path, tmp_path: Path) -> None:

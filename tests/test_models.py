@@ -384,6 +384,31 @@ def test_every_load_and_decode_runs_on_one_thread_whoever_calls(demo_paths, monk
     assert threading.get_ident() not in used
 
 
+def test_a_decodes_seconds_include_waiting_for_the_device(demo_paths, monkeypatch) -> None:
+    """A GPU (or an RPC server) computes after ``llama_decode`` returns; the adaptive controller learns each
+    batch size's cost from the decode's seconds, so they must end when the outputs are in, not at the launch.
+    The device stands in as a ``llama_synchronize`` during which a thousand seconds pass."""
+    import time
+
+    from localspec.llama.runtime import C
+
+    passed = [0.0]
+    clock = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: clock() + passed[0])
+
+    def device_finishes(ctx) -> None:
+        passed[0] += 1000.0
+
+    monkeypatch.setattr(C, "llama_synchronize", device_finishes)
+    model = LlamaModel(demo_paths[1], role="draft")
+    try:
+        before = model.decode_seconds
+        model.extend([1, 2, 3], 1)
+        assert 1000.0 <= model.decode_seconds - before < 1001.0
+    finally:
+        model.close()
+
+
 def test_a_target_takes_the_amx_buffer_only_with_streamed_kernels_for_nearly_all_of_it(monkeypatch) -> None:
     """With localspec's streamed-rows patch a Q4_K_M target decodes 1 / 3 / 8 rows in 46-48 / 60 / 96 ms in
     the AMX buffer against 66 / 71 / 139 repacked (real pair, AMX VM); without it, or with matrices the

@@ -438,6 +438,13 @@ def reference_generator(engine: Engine, num_pred_tokens: int = 10):
     return ReferenceGenerator(engine.target_path, engine.settings, num_pred_tokens=num_pred_tokens)
 
 
+def llama_cpp_sampler(temperature: float, seed: int = 0):
+    """llama.cpp's own sampler chain at ``temperature`` (the bench times it beside localspec's draw)."""
+    from localspec.llama.reference import LlamaCppSampler
+
+    return LlamaCppSampler(temperature, seed)
+
+
 def _stage(progress: Progress | None, stage: str) -> Callable[[float], None] | None:
     if progress is None:
         return None

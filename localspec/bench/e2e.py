@@ -130,17 +130,21 @@ class BenchSettings:
 
     def all_variants(self) -> list[Variant]:
         chosen = [VARIANTS[v] for v in self.variants]
+        if self.reference:
+            chosen += list(REFERENCE_VARIANTS.values())
+        if self.llama_cpp:
+            sampled_t = VARIANTS[SAMPLED_BASELINE].temperature
+            chosen += [Variant(c.name, f"{c.label} (T={sampled_t:g})", "rejection", sampled_t, "llama.cpp") if c.sampled
+                       else Variant(c.name, c.label, "greedy", 0.0, "llama.cpp") for c in server_configs()]  # fmt: skip
         if not any(v.name == "target-only" for v in chosen):
             chosen.insert(0, VARIANTS["target-only"])  # every speedup needs its baseline
         samples = any(v.temperature > 0 and v.drafter != "none" for v in chosen)
         if samples and not any(v.name == SAMPLED_BASELINE for v in chosen):
             chosen.insert(1, VARIANTS[SAMPLED_BASELINE])  # ... at its own temperature
         if self.temperature is not None:
-            chosen = [replace(v, temperature=self.temperature) if v.temperature > 0 else v for v in chosen]
-        if self.reference:
-            chosen += list(REFERENCE_VARIANTS.values())
-        if self.llama_cpp:
-            chosen += [Variant(c.name, c.label, "greedy", 0.0, "llama.cpp") for c in server_configs()]
+            chosen = [replace(v, temperature=self.temperature, label=v.label.replace(f"T={v.temperature:g}",
+                                                                                     f"T={self.temperature:g}"))
+                      if v.temperature > 0 else v for v in chosen]  # fmt: skip
         return chosen
 
 
@@ -201,7 +205,7 @@ class Bench:
                                         else "weights in plain memory (--no-repack)")  # fmt: skip
             self.servers = start_servers(settings.llama_cpp, server_configs(), engine.target_path, draft,
                                          engine.target.threads, engine.target.context_size, engine.settings.use_mmap,
-                                         default_runs)  # fmt: skip
+                                         default_runs, engine.settings.n_gpu_layers)  # fmt: skip
             self.variants = [v for v in self.variants if v.drafter != "llama.cpp" or v.name in self.servers]
 
     def close(self) -> None:
@@ -221,7 +225,8 @@ class Bench:
                                GenerationStats(mode="reference", n_tokens=n, other_s=seconds),
                                stop_reason="reference")  # fmt: skip
         if variant.drafter == "llama.cpp":
-            done = self.servers[variant.name].complete(tokens, max_tokens, self.settings.seed + repeat)
+            done = self.servers[variant.name].complete(tokens, max_tokens, self.settings.seed + repeat,
+                                                       variant.temperature)  # fmt: skip
             stats = GenerationStats(mode="llama.cpp", drafter=variant.name, n_tokens=done.n_tokens,
                                     other_s=done.decode_s, drafted=done.drafted, accepted=done.accepted)  # fmt: skip
             return Measurement(variant.name, prompt, repeat, stats, stop_reason="llama.cpp")

@@ -187,7 +187,8 @@ def loop_profile(engine: Engine, prompt: dict, max_tokens: int, top: int = 12) -
     ms a step. Waiting for the compute thread (a lock's acquire) is llama.cpp's time and left out.
     cProfile slows Python down about twofold, and charges the hand-over of the GIL to whatever runs: the
     ranking is the finding, not the level. So a reply without the profiler comes first, its steps' own
-    split in ms a step (``split``: plan, draft, llama_decode, the rest). The default's entry also lists
+    split in ms a step (``split``: plan, draft, llama_decode until the device is done, the rest); the target
+    alone's entry also has it at T = 0 (``split_greedy``: no sampler). The default's entry also lists
     what it spends a step beyond the target alone, function by function (``extra``)."""
     tokens = engine.encode_prompt(engine.config, [], prompt["prompt"]).tokens
     params = SamplingParams(temperature=0.7)
@@ -197,6 +198,9 @@ def loop_profile(engine: Engine, prompt: dict, max_tokens: int, top: int = 12) -
         for _ in engine.stream(tokens, engine.options(max_tokens=8, **overrides), params):
             pass  # warm: a first reply's one-offs (imports, the costs timed before the first adaptive step)
         split = _step_split(engine.stream(tokens, engine.options(max_tokens=max_tokens, **overrides), params))
+        greedy = SamplingParams(temperature=0.0)
+        split_greedy = (_step_split(engine.stream(tokens, engine.options(max_tokens=max_tokens, **overrides), greedy))
+                        if variant == "target-only" else None)  # fmt: skip
         profile, steps = cProfile.Profile(), 0
         profile.enable()
         for event in engine.stream(tokens, engine.options(max_tokens=max_tokens, **overrides), params):
@@ -206,6 +210,7 @@ def loop_profile(engine: Engine, prompt: dict, max_tokens: int, top: int = 12) -
                for where, row in pstats.Stats(profile).stats.items() if "acquire" not in where[2]]  # fmt: skip
         per_step = 1000 / max(1, steps)
         found.append({"variant": variant, "prompt": prompt["name"], "steps": steps, "split": split,
+                      "split_greedy": split_greedy,
                       "ms_per_step": sum(t for t, _ in own) * per_step,
                       "functions": [(name, t * per_step) for t, name in sorted(own, reverse=True)[:top]]})  # fmt: skip
         by_function.append({name: t * per_step for t, name in own})
@@ -229,9 +234,11 @@ def _step_split(events) -> dict[str, float]:
     return {"step": sum(parts.values()) * 1000 / n} | {name: s * 1000 / n for name, s in parts.items()}
 
 
-def end_to_end(config: Config, repeats: int, max_tokens: int, prompt_names: list[str]) -> dict[str, Any]:
+def end_to_end(config: Config, repeats: int, max_tokens: int, prompt_names: list[str],
+               llama_cpp: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The bench's variants (target-only, default, greedy, lookup, and a fixed K: every verification one size, so
-    llama.cpp reuses its graph, against the default's K that changes) and the identity check on one pair."""
+    llama.cpp reuses its graph, against the default's K that changes) and the identity check on one pair; with
+    ``llama_cpp`` (a bin folder) llama-server's target alone at T = 0 and 0.7 and its speculative modes too."""
     from localspec.bench.e2e import BenchSettings, load_prompts, render_table, run_bench
 
     engine = Engine(config)
@@ -242,6 +249,7 @@ def end_to_end(config: Config, repeats: int, max_tokens: int, prompt_names: list
             repeats=repeats,
             max_tokens=max_tokens,
             draft_tokens=config.speculative.draft_tokens,
+            llama_cpp=llama_cpp,
         )
         report = run_bench(engine, settings)
         return {
@@ -364,15 +372,16 @@ def render(result: dict[str, Any]) -> str:
             verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
             lines.append(f"- {check['prompt']}, K = {check['k']}: {check['tokens']} tokens, {verdict}")
         for run in e2e.get("profile", []):
-            split = run.get("split")
-            if split:
-                lines += [
-                    "",
-                    f"A reply of the {run['variant']} without the profiler ({run['prompt']}, T = 0.7): "
-                    f"{split['step']:.3f} ms a step — plan {split['plan']:.3f}, draft model {split['draft']:.3f}, "
-                    f"llama_decode {split['verify']:.3f}, the rest {split['other']:.3f} (the wait for the "
-                    "logits, sampling, the loop's Python)",
-                ]
+            for key, temperature in (("split_greedy", "0"), ("split", "0.7")):
+                split = run.get(key)
+                if split:
+                    lines += [
+                        "",
+                        f"A reply of the {run['variant']} without the profiler ({run['prompt']}, T = {temperature}): "
+                        f"{split['step']:.3f} ms a step — plan {split['plan']:.3f}, draft model "
+                        f"{split['draft']:.3f}, llama_decode until the device is done {split['verify']:.3f}, the "
+                        f"rest {split['other']:.3f} (copying the logits, sampling, the loop's Python)",
+                    ]
             lines += [
                 "",
                 f"The loop's own time, {run['variant']} ({run['prompt']}, T = 0.7, {run['steps']} steps, cProfile: "
@@ -428,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--e2e-tokens", type=int, default=96, help="tokens per end-to-end reply")
     parser.add_argument("--prompts", default="chat,code,edit", help="bench prompts for the end-to-end runs")
     parser.add_argument("--llama-bench", default=None, help="llama.cpp's llama-bench from the same build")
+    parser.add_argument("--llama-cpp", default=None, help="the bin folder of llama-server from the same build")
     parser.add_argument("--note", action="append", default=[], help="a line for the report (repeatable)")
     parser.add_argument("--out", default="gpu-report.md", help="the markdown report")
     args = parser.parse_args(argv)
@@ -474,7 +484,9 @@ def main(argv: list[str] | None = None) -> int:
             if not draft
             else {"model.target": target, "model.draft": draft}
         )
-        result["end_to_end"].append(end_to_end(config.with_overrides(overrides), 1, args.e2e_tokens, prompts))
+        result["end_to_end"].append(
+            end_to_end(config.with_overrides(overrides), 1, args.e2e_tokens, prompts, args.llama_cpp)
+        )
         save()
         print(f"ran {pair} end to end", flush=True)
     save()

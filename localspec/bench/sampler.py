@@ -14,6 +14,7 @@ import argparse
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -88,13 +89,63 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+LLAMA_CPP_CONTEXT = "def quicksort(items):\n    if len(items) < 2:\n        return items\n    pivot = items[0]\n" * 4
+
+
+def against_llama_cpp(path: str, repeats: int, temperature: float = 0.7) -> dict[tuple[str, str], float]:
+    """A target-only token's draw on one real output row: localspec's (the mode's verification of no draft) against
+    llama.cpp's own sampler chain (what llama-server runs per token), at T = 0 and over the whole distribution at
+    ``temperature``; interleaved, median µs by (temperature, whose)."""
+    from localspec.app.config import load_config
+    from localspec.app.engine import llama_cpp_sampler, llama_settings, load_model
+
+    model = load_model(path, llama_settings(load_config()), "target")
+    samplers = {t: llama_cpp_sampler(t) for t in (0.0, temperature)}
+    try:
+        context = model.tokenize(LLAMA_CPP_CONTEXT)
+        rows = model.extend(context, 1, borrow=True)  # llama.cpp's output row, which its sampler reads too
+        draws = {}
+        for t, sampler in samplers.items():
+            mode = make_mode("target-only", SamplingParams(temperature=t), np.random.default_rng(0), model.vocab_size)
+            no_draft = Draft(tokens=[], q_rows=[])
+            draws[(f"T = {t:g}", "localspec")] = lambda mode=mode: mode.verify(no_draft, rows, context)
+            draws[(f"T = {t:g}", "llama.cpp")] = lambda sampler=sampler: sampler.sample(model)
+        times: dict[tuple[str, str], list[float]] = {key: [] for key in draws}
+        for _ in range(repeats + 1):  # the first round warms up and is not kept
+            for key, draw in draws.items():
+                began = time.perf_counter()
+                draw()
+                times[key].append(time.perf_counter() - began)
+        return {key: statistics.median(values[1:]) * 1e6 for key, values in times.items()}
+    finally:
+        for sampler in samplers.values():
+            sampler.close()
+        model.close()
+
+
+def against_llama_cpp_table(found: dict[tuple[str, str], float], vocab_note: str) -> str:
+    lines = [f"| a target-only token's draw ({vocab_note}) | localspec (µs) | llama.cpp's sampler (µs) | ratio |",
+             "|---|---:|---:|---:|"]  # fmt: skip
+    for temperature in dict.fromkeys(t for t, _ in found):
+        ours, theirs = found[(temperature, "localspec")], found[(temperature, "llama.cpp")]
+        lines.append(f"| {temperature} | {ours:,.0f} | {theirs:,.0f} | {theirs / ours:.1f}× |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localspec.bench sampler", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=30, help="timed verification steps per cell")
     parser.add_argument("--vocab", type=int, action="append", help="vocabulary size (repeatable)")
     parser.add_argument("-k", type=int, action="append", help="draft tokens (repeatable)")
     parser.add_argument("--mode", action="append", choices=MODES, help="mode (repeatable)")
+    parser.add_argument("--against-llama-cpp", metavar="GGUF", default=None,
+                        help="instead: a target-only draw on this model's real output row, localspec's against "
+                             "llama.cpp's own sampler chain")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.against_llama_cpp:
+        found = against_llama_cpp(args.against_llama_cpp, args.repeats)
+        print(against_llama_cpp_table(found, Path(args.against_llama_cpp).name))
+        return 0
     rows = run(tuple(args.vocab or VOCABS), tuple(args.k or KS), tuple(args.mode or MODES), args.repeats)
     print(table(rows))
     target = next((r for r in rows if r.vocab == 49_152 and r.k == 4 and r.mode == "rejection"), None)

@@ -461,7 +461,8 @@ def chat(state: AppState, no_color: bool, show_status: bool | None, **kwargs: An
 @click.option("--reference", is_flag=True, help="Also time llama-cpp-python's own generation and prompt lookup.")
 @click.option("--llama-cpp", "llama_cpp", type=click.Path(file_okay=False), default=None,
               help="Also time llama.cpp's own llama-server from this bin folder (`make llama-cpp-tools` builds it): "
-                   "target alone, draft-simple at n-max 2/4/8, ngram-simple, ngram-mod.")  # fmt: skip
+                   "target alone (T=0, and T=0.7 from the whole distribution), draft-simple at n-max 2/4/8, "
+                   "ngram-simple, ngram-mod.")  # fmt: skip
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench.png", show_default=True,
               help="Where the PNG plot is written.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as one JSON object.")

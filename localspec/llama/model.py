@@ -223,6 +223,11 @@ class LlamaModel:
             )
         return context
 
+    @property
+    def context_handle(self):
+        """llama.cpp's context of this model, for llama.cpp's own tools beside localspec's (the bench's sampler)."""
+        return self._ctx
+
     def close(self) -> None:
         """Free the context and the model (idempotent)."""
         batch = getattr(self, "_batch", None)
@@ -257,7 +262,8 @@ class LlamaModel:
 
     @property
     def decode_seconds(self) -> float:
-        """Seconds spent inside ``llama_decode`` and ``llama_memory_seq_rm`` (not logits copies or Python)."""
+        """Seconds spent inside ``llama_decode`` until the device finished it, and in ``llama_memory_seq_rm``
+        (not logits copies or Python)."""
         return self._decode_s
 
     def extend(self, tokens: Sequence[int], n_logits: int, borrow: bool = False) -> np.ndarray:
@@ -310,9 +316,7 @@ class LlamaModel:
             batch.seq_id[i][0] = 0
             batch.logits[i] = offset + i >= first_logit
         started = time.perf_counter()
-        code = compute(C.llama_decode, self._ctx, batch)
-        if self.rpc_servers:  # logits come back from a server asynchronously: only once they are in is a
-            compute(C.llama_synchronize, self._ctx)  # server that stopped answering on the way known
+        code = compute(_decode_and_wait, self._ctx, batch)
         self.n_decodes += 1
         self._decode_s += time.perf_counter() - started  # only llama.cpp's own time counts as decode time
         lost = rpc.lost_server() if self.rpc_servers else None
@@ -446,6 +450,16 @@ class LlamaModel:
 @functools.lru_cache(maxsize=64)
 def _float_array_type(n: int) -> type:
     return ctypes.c_float * n
+
+
+def _decode_and_wait(ctx, batch) -> int:
+    """``llama_decode``, then wait until its outputs are in (one hand-over to the compute thread for both). A GPU
+    or an RPC server computes asynchronously: waiting here makes the decode's seconds the device's, not the
+    Python that happens to run next, and only once the logits are in is an RPC server that stopped answering
+    on the way known. On a CPU the wait returns at once."""
+    code = C.llama_decode(ctx, batch)
+    C.llama_synchronize(ctx)
+    return code
 
 
 def _floats_at(ptr, n: int) -> np.ndarray:

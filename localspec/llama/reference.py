@@ -81,3 +81,29 @@ class ReferenceGenerator:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.llm.close()
+
+
+class LlamaCppSampler:
+    """llama.cpp's own sampler chain, as llama-server runs it for every token, on a model's latest output row.
+
+    At ``temperature`` 0 the chain is greedy; above it, temperature and then the draw over the whole
+    vocabulary: the distribution localspec samples from (llama-server's default chain would first keep
+    the top 40). The bench times it beside localspec's own draw on the same row.
+    """
+
+    def __init__(self, temperature: float, seed: int = 0) -> None:
+        self._chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        if temperature > 0:
+            C.llama_sampler_chain_add(self._chain, C.llama_sampler_init_temp(temperature))
+            C.llama_sampler_chain_add(self._chain, C.llama_sampler_init_dist(seed))
+        else:
+            C.llama_sampler_chain_add(self._chain, C.llama_sampler_init_greedy())
+
+    def sample(self, model) -> int:
+        """A token drawn from ``model``'s (a :class:`~localspec.llama.model.LlamaModel`) last output row."""
+        return int(C.llama_sampler_sample(self._chain, model.context_handle, -1))
+
+    def close(self) -> None:
+        if self._chain is not None:
+            C.llama_sampler_free(self._chain)
+            self._chain = None

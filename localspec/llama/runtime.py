@@ -8,12 +8,13 @@ compute thread, once per process.
 
 from __future__ import annotations
 
-import concurrent.futures
+import atexit
 import ctypes
 import functools
 import itertools
 import json
 import os
+import queue
 import re
 import sys
 import threading
@@ -65,30 +66,57 @@ class ComputeThread:
     a pair loaded on one thread and decoded on another (the UI loads at
     start-up and replies on Gradio's worker threads) ran at less than half
     speed (docs/design.md, llama.cpp integration). Callers wait for the result
-    as if they had called llama.cpp themselves; the hand-over is a small
-    fraction of a decode.
+    as if they had called llama.cpp themselves.
+
+    Every decode pays the hand-over, so it is two queue operations: a job
+    queue the thread reads, and an answer queue per call (a reply never
+    finds another call's answer). A thread pool's futures cost four times as
+    much, and on a GPU a decode is a few milliseconds (docs/performance.md).
     """
 
     def __init__(self) -> None:
-        self._ident: int | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="llama-compute", initializer=self._claim
-        )
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="llama-compute", daemon=True)
+        self._thread.start()
+        atexit.register(self.run, _nothing)  # at exit, the job in flight finishes before llama.cpp is torn down
 
-    def _claim(self) -> None:
-        self._ident = threading.get_ident()
+    def _serve(self) -> None:
+        while True:
+            fn, args, answer = self._jobs.get()
+            try:
+                answer.put((True, fn(*args)))
+            except BaseException as error:  # noqa: BLE001 - handed to the caller, as a direct call would raise it
+                answer.put((False, error))
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the compute thread; its result or its exception."""
-        if threading.get_ident() == self._ident:
+        if threading.current_thread() is self._thread:
             return fn(*args)
-        future = self._executor.submit(fn, *args)
+        answer: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs.put((fn, args, answer))
         try:
-            return future.result()
+            ok, value = answer.get()
         except KeyboardInterrupt:
             # as with a direct call, llama.cpp finishes first, so the cache bookkeeping is never behind it
-            concurrent.futures.wait([future])
+            _wait_out(answer)
             raise
+        if ok:
+            return value
+        raise value
+
+
+def _nothing() -> None:
+    return None
+
+
+def _wait_out(answer: queue.SimpleQueue) -> None:
+    """Wait for a job's answer through any further Ctrl-C."""
+    while True:
+        try:
+            answer.get()
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 MODEL_BUFFER_LINE = re.compile(r"(\S+) model buffer size =\s*([0-9.]+) MiB")
