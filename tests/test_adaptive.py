@@ -289,24 +289,33 @@ def test_blocked_sampler_draws_the_exact_distribution(vocab: int) -> None:
     assert result.passed, str(result)
 
 
-@pytest.mark.parametrize("bug", [None, "offset within the slice"])
-def test_sliced_weights_draw_the_exact_distribution(bug: str | None, monkeypatch) -> None:
-    """The hot path's draw (slice sums, then one slice) against p, over the real pair's vocabulary; the
-    negative control misplaces the point inside the chosen slice and must be caught."""
+@pytest.mark.parametrize("path", ["the total first", "a draw alone"])
+@pytest.mark.parametrize("bug", [None, "planted"])
+def test_sliced_weights_draw_the_exact_distribution(path: str, bug: str | None, monkeypatch) -> None:
+    """The hot path's draws against p, over the real pair's vocabulary. A row whose total is known draws
+    by slice sums, then one slice; its negative control misplaces the point inside the chosen slice. A
+    row asked for a draw alone draws under float32 bounds of its blocks and accepts by the float64 mass;
+    its negative control halves every other block's bound, so those bounds no longer bound. Both must be
+    caught."""
     from localspec.core import sampling
 
-    if bug:
+    if bug and path == "the total first":
         index_at = sampling._index_at
         monkeypatch.setattr(sampling, "_index_at", lambda w, x, cdf, block: index_at(w, x * 0.8, cdf, block))
+    if bug and path == "a draw alone":
+        block_bounds = sampling._block_bounds
+        monkeypatch.setattr(sampling, "_block_bounds", lambda *a: block_bounds(*a) * np.resize([1.0, 0.5], 75))
     rng = np.random.default_rng(31)
     vocab = 151_936
     logits = np.full(vocab, -1e4, dtype=np.float32)  # weight exp(-1e4 / T): zero in float64
-    hot = np.array([3, 32_767, 32_768, 32_770, 65_536, 70_001, 98_303, 120_000, 131_072, vocab - 1])
+    hot = np.array([3, 2_048, 4_097, 32_767, 32_768, 32_770, 65_536, 70_001, 98_303, 120_000, 131_072, vocab - 1])
     logits[hot] = rng.uniform(0.0, 2.0, size=hot.size).astype(np.float32)
     params = SamplingParams(temperature=0.7)
-    row = weights(logits, params)
     p = probabilities(logits, params)
-    draws = np.array([row.sample(rng) for _ in range(30_000)])
+    row = weights(logits, params)
+    if path == "the total first":
+        assert row.total > 0.0
+    draws = np.array([row.sample(rng) for _ in range(30_000)])  # a draw alone never sums the row: each is one
     counts = np.array([(draws == t).sum() for t in hot])
     result = chi_square(counts, p[hot])
     if bug:
@@ -314,6 +323,37 @@ def test_sliced_weights_draw_the_exact_distribution(bug: str | None, monkeypatch
         return
     assert set(np.unique(draws)) <= set(hot.tolist())  # zero weight is never drawn
     assert result.passed, str(result)
+
+
+@pytest.mark.parametrize("control", [None, "no slack", "no floor"])
+def test_float32_block_bounds_bound_every_float64_block_mass(control: str | None, monkeypatch) -> None:
+    """A draw alone is exact only if every block's float32 bound is at least its float64 mass: rows with
+    wide and narrow spreads, many temperatures, blocks float32 rounds down and blocks whose weights float32
+    flushes to zero while float64 keeps them (exp(-150) is 7e-66). Without the slack or the floor the bound
+    fails somewhere (the controls)."""
+    from localspec.core import sampling
+
+    if control == "no slack":
+        monkeypatch.setattr(sampling, "_BOUND_SLACK", 0.0)
+    if control == "no floor":
+        monkeypatch.setattr(sampling, "_BOUND_FLOOR", 0.0)
+    rng = np.random.default_rng(5)
+    short = []  # (case, block, bound / mass) where the bound falls short
+    for case in range(60):
+        vocab = int(rng.choice([3_000, 49_152, 151_936]))
+        temperature = float(rng.choice([0.05, 0.3, 0.7, 1.0, 2.5]))
+        logits = (rng.standard_normal(vocab) * rng.uniform(0.5, 12.0)).astype(np.float32)
+        if case % 3 == 0:  # a block far below the rest: flushed to zero in float32, positive in float64
+            logits[2_048:4_096] = logits.max() - np.float32(150.0 * temperature)
+        best, scale = np.float64(logits.max()), 1.0 / temperature
+        bounds = sampling._block_bounds(logits, best, scale)
+        exact = Weights.of_logits(logits, best, scale).w
+        masses = np.add.reduceat(exact, np.arange(0, vocab, sampling._BOUND_BLOCK))
+        short += [(case, b, bounds[b] / masses[b]) for b in np.flatnonzero(bounds < masses)]
+    if control:
+        assert short, f"{control}: the bound never fell short, so the test would miss that bug"
+        return
+    assert not short, short[:5]
 
 
 def test_weights_give_bit_identical_probabilities() -> None:

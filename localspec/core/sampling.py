@@ -229,6 +229,16 @@ _SAMPLE_BLOCK = 256
 #: (docs/performance.md, "Borrowed rows, one-element probabilities, a residual drawn by rejection").
 _SLICE = 32768
 
+#: A draw that needs no probability (the target alone's token, a bonus token) proposes a block of this
+#: many tokens from float32 upper bounds of the blocks' masses, then accepts it with its float64 mass over
+#: the bound (:meth:`Weights.sample`). A float32 bound is a block's float32 sum of weights times
+#: ``1 + _BOUND_SLACK``, plus ``_BOUND_FLOOR`` per token for weights that float32 flushes to zero: the
+#: errors it must cover are below 2e-4 of a block's mass (docs/design.md, "A draw without the total").
+_BOUND_BLOCK = 2048
+_BOUND_SLACK = 1e-3
+_BOUND_FLOOR = 2.0**-125
+_BOUND_SCALE_MAX = 1e30  # 1/T beyond float32's comfortable range: the float64 pass instead
+
 
 def sample_index(weights: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one index with probability proportional to ``weights`` (non-negative).
@@ -288,6 +298,27 @@ def _exp_scaled(raw: np.ndarray, best: np.float64, scale: float, out: np.ndarray
     return out
 
 
+def _block_bounds(raw: np.ndarray, best: np.float64, scale: float) -> np.ndarray:
+    """An upper bound of each :data:`_BOUND_BLOCK` block's float64 mass ``sum(exp((raw - best) * scale))``,
+    from the same arithmetic in float32 (a third of the time)."""
+    n = raw.shape[0]
+    bounds = np.empty(-(-n // _BOUND_BLOCK))
+    scratch = np.empty(min(_SLICE, n), dtype=np.float32)
+    best32, scale32 = np.float32(best), np.float32(scale)
+    for start in range(0, n, _SLICE):  # a slice stays in the core's cache
+        part = scratch[: min(_SLICE, n - start)]
+        np.subtract(raw[start : start + _SLICE], best32, out=part)
+        np.multiply(part, scale32, out=part)
+        np.exp(part, out=part)
+        whole, first = part.shape[0] // _BOUND_BLOCK, start // _BOUND_BLOCK
+        bounds[first : first + whole] = np.add.reduce(part[: whole * _BOUND_BLOCK].reshape(whole, _BOUND_BLOCK), axis=1)
+        if whole * _BOUND_BLOCK < part.shape[0]:
+            bounds[first + whole] = part[whole * _BOUND_BLOCK :].sum()
+    sizes = np.full(bounds.shape[0], float(_BOUND_BLOCK))
+    sizes[-1] = n - (bounds.shape[0] - 1) * _BOUND_BLOCK
+    return bounds * (1.0 + _BOUND_SLACK) + sizes * _BOUND_FLOOR
+
+
 def top_indices(values: np.ndarray, n: int, stride: int = 64) -> np.ndarray:
     """The indices of the ``n`` largest of ``values``, largest first, ties by the lower index. The
     ``n``-th largest of every ``stride``-th value is at most the row's, so the values at or above it
@@ -322,7 +353,7 @@ class Weights:
     so every path sees the same numbers.
     """
 
-    __slots__ = ("_w", "total", "_dense", "_raw", "_best", "_scale", "_masses", "_parts")
+    __slots__ = ("_w", "_total", "_dense", "_raw", "_best", "_scale", "_masses", "_parts")
 
     def __init__(self, w: np.ndarray) -> None:
         self._w: np.ndarray | None = w
@@ -333,12 +364,12 @@ class Weights:
 
     @classmethod
     def of_logits(cls, raw: np.ndarray, best: float, scale: float) -> Weights:
-        """``exp((raw - best) * scale)`` in float64, as sums of slices; no full row is written. Keeps
-        ``raw`` (read again for a probability or a draw): the caller must not change it."""
+        """``exp((raw - best) * scale)`` in float64, as sums of slices summed when first needed (a draw
+        alone needs none); no full row is written. Keeps ``raw`` (read again for a probability or a
+        draw): the caller must not change it."""
         self = cls.__new__(cls)
-        self._w, self._dense, self._parts = None, None, None
+        self._w, self._dense, self._parts, self._masses, self._total = None, None, None, None, None
         self._raw, self._best, self._scale = raw, np.float64(best), scale
-        self._sum_slices()
         return self
 
     def rebind(self, raw: np.ndarray, copy: np.ndarray) -> None:
@@ -358,6 +389,13 @@ class Weights:
         self._sum_slices()
         return self
 
+    @property
+    def total(self) -> float:
+        """The row's total weight, ``p = w / total``."""
+        if self._total is None:
+            self._sum_slices()
+        return self._total
+
     def _sum_slices(self) -> None:
         size = self.shape[0]
         scratch = np.empty(min(_SLICE, size))
@@ -367,7 +405,7 @@ class Weights:
     def _set_total(self, total: float) -> None:
         if not total > 0.0:
             raise SamplingError("cannot sample from a distribution with zero total mass")
-        self.total = total
+        self._total = total
 
     def _slice(self, start: int, out: np.ndarray | None = None, size: int = _SLICE) -> np.ndarray:
         """The weights from ``start``, ``size`` of them (read from the full row once it exists). A token's
@@ -427,6 +465,8 @@ class Weights:
     def sample(self, rng: np.random.Generator) -> int:
         if self._w is not None:
             return sample_index(self._w, rng)
+        if self._masses is None and self._raw is not None and self._bounded():
+            return self._sample_by_bounds(rng)
         x = rng.random() * self.total
         below, last = 0.0, 0  # the mass of the slices before this one; the last slice with mass
         for i, mass in enumerate(self._masses):
@@ -437,6 +477,26 @@ class Weights:
             last = i if mass > 0.0 else last
         part = self._slice(last * _SLICE)  # x is u * total rounded up to the total
         return last * _SLICE + int(np.flatnonzero(part)[-1])
+
+    def _bounded(self) -> bool:
+        return bool(np.isfinite(self._best)) and 0.0 < self._scale <= _BOUND_SCALE_MAX
+
+    def _sample_by_bounds(self, rng: np.random.Generator) -> int:
+        """A draw with the law of :meth:`sample` without the float64 pass over the row: a uniform point
+        under the blocks' float32 upper bounds picks a block; the point lies under the block's float64
+        mass with probability mass / bound, and then picks the token by the block's cumulative weights
+        (computed as every path computes them). Otherwise a new point: so each token is drawn with
+        probability proportional to its float64 weight. About 1 draw in 1,000 takes a second point."""
+        bounds = np.cumsum(_block_bounds(self._raw, self._best, self._scale))
+        segment = np.empty(min(_BOUND_BLOCK, self._raw.shape[0]))
+        while True:
+            x = rng.random() * bounds[-1]
+            b = min(int(bounds.searchsorted(x, side="right")), bounds.shape[0] - 1)
+            y = x - (bounds[b - 1] if b else 0.0)  # uniform under block b's bound
+            raw = self._raw[b * _BOUND_BLOCK : (b + 1) * _BOUND_BLOCK]
+            cdf = _exp_scaled(raw, self._best, self._scale, segment[: raw.shape[0]]).cumsum()
+            if y < cdf[-1]:
+                return b * _BOUND_BLOCK + int(cdf.searchsorted(y, side="right"))
 
     def __getitem__(self, token):  # row[token] -> probability, as on a dense row
         if isinstance(token, (int, np.integer)):
