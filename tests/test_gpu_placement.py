@@ -53,6 +53,20 @@ def test_the_gpu_split_follows_llama_cpps_rule() -> None:
     )
 
 
+def test_only_a_draft_on_a_cuda_gpu_reads_short_extends_one_row_at_a_time() -> None:
+    """A decode of another size than the last rebuilds llama.cpp's graph, dear on CUDA (the H100: 3.1 ms on
+    the 0.5B draft, whose one-row decode took 1.66 ms). A draft there reads catch-ups of up to 4 tokens one
+    row at a time; a target verifies in one batch; the CPU and RPC servers keep batching; Metal is
+    unmeasured and keeps batching."""
+    cuda = offload_plan(24, -1, ("CUDA0",))
+    assert placement.one_row_extends("draft", cuda) == placement.ONE_ROW_CATCH_UP == 4
+    assert placement.one_row_extends("draft", offload_plan(24, 5, ("CUDA0",))) == 4  # the output on the GPU
+    assert placement.one_row_extends("target", cuda) == 0
+    assert placement.one_row_extends("draft", CPU_ONLY) == 0
+    assert placement.one_row_extends("draft", offload_plan(24, -1, ("RPC[10.0.0.2:50052]",))) == 0
+    assert placement.one_row_extends("draft", offload_plan(24, -1, ("MTL0",))) == 0
+
+
 def test_an_rpc_target_s_output_layer_kept_here_is_the_cpu_placement_s_business() -> None:
     """model.rpc_output "local": every block on the servers, the output layer in this machine's memory
     (so a hidden state crosses the network per row, not a row of logits); the CPU decisions then cover it."""
@@ -266,4 +280,15 @@ def test_the_doctor_lists_each_weight_buffer_with_its_size_and_the_split() -> No
     assert weights_line(offloaded) == (
         "weights (target): CUDA0 4,460 MiB + CPU_Mapped 425 MiB, up to 512 rows per decode — "
         "all 28 layers and the output on CUDA0 (no CPU extra buffers)"
+    )
+    draft = SimpleNamespace(
+        role="draft",
+        rows_per_decode=512,
+        one_row_up_to=placement.one_row_extends("draft", offload_plan(24, -1, ("CUDA0",))),
+        weight_buffer_mib={"CUDA0": 265.0, "CPU_Mapped": 73.0},
+        placement=placement.weight_placement("draft", "x.gguf", offload_plan(24, -1, ("CUDA0",))),
+    )
+    assert weights_line(draft) == (
+        "weights (draft): CUDA0 265 MiB + CPU_Mapped 73 MiB, up to 512 rows per decode (up to 4 tokens one row "
+        "at a time: one graph for every decode) — all 24 layers and the output on CUDA0 (no CPU extra buffers)"
     )

@@ -409,6 +409,41 @@ def test_a_decodes_seconds_include_waiting_for_the_device(demo_paths, monkeypatc
         model.close()
 
 
+@pytest.mark.parametrize("one_row_up_to", [4, 0])
+def test_a_draft_on_cuda_reads_a_short_catch_up_one_row_at_a_time_each_with_its_output(
+    demo_paths, monkeypatch, one_row_up_to: int
+) -> None:
+    """On a CUDA GPU (stood in: ``one_row_up_to`` as a draft there gets it) every decode of a short extend is
+    one token with its output, the shape of a proposal's decode, so llama.cpp reuses one graph; a long
+    extend (a prompt) is still one batch. The control (0, as on a CPU) batches the catch-up."""
+    from localspec.llama.runtime import C
+
+    shapes = []  # (tokens, outputs) of each decode
+
+    def recorded(ctx, batch):
+        shapes.append((batch.n_tokens, sum(bool(batch.logits[i]) for i in range(batch.n_tokens))))
+        return decode(ctx, batch)
+
+    decode = C.llama_decode
+    monkeypatch.setattr(C, "llama_decode", recorded)
+    model = LlamaModel(demo_paths[1], role="draft")
+    try:
+        model.one_row_up_to = one_row_up_to
+        prompt = model.tokenize("def quicksort(items):\n    if len(items) < 2:\n        return items\n")
+        model.extend(prompt, 1)
+        batched = model.extend([11, 12], 1)[0].copy()  # a catch-up of two tokens
+        model.truncate(len(prompt))
+        shapes_before = list(shapes)
+        model.rows_per_decode, model.one_row_up_to = 1, 0  # the same two tokens read one by one, as a reference
+        one_by_one = model.extend([11, 12], 1)[0]
+    finally:
+        model.close()
+    assert shapes_before[0] == (len(prompt), 1)  # the prompt: one batch whatever the bound
+    expected = [(1, 1), (1, 1)] if one_row_up_to else [(2, 1)]
+    assert shapes_before[1:] == expected
+    assert np.allclose(batched, one_by_one, atol=1e-3)
+
+
 def test_a_target_takes_the_amx_buffer_only_with_streamed_kernels_for_nearly_all_of_it(monkeypatch) -> None:
     """With localspec's streamed-rows patch a Q4_K_M target decodes 1 / 3 / 8 rows in 46-48 / 60 / 96 ms in
     the AMX buffer against 66 / 71 / 139 repacked (real pair, AMX VM); without it, or with matrices the

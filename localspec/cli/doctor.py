@@ -111,6 +111,8 @@ def memory_line(need: int, gpus: tuple) -> str:
 def weights_line(model) -> str:
     """Where one model's weights went: each buffer with its size, rows per decode, and why."""
     rows = "one row per decode" if model.rows_per_decode == 1 else f"up to {model.rows_per_decode} rows per decode"
+    if getattr(model, "one_row_up_to", 0):
+        rows += f" (up to {model.one_row_up_to} tokens one row at a time: one graph for every decode)"
     buffers = " + ".join(f"{name} {mib:,.0f} MiB" for name, mib in model.weight_buffer_mib.items()) or "?"
     split = getattr(model, "layers_by_device", {})
     layers = f"; layers {' + '.join(f'{device} {n}' for device, n in split.items())}" if len(split) > 1 else ""

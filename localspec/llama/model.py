@@ -38,6 +38,7 @@ from localspec.llama.placement import (
     apply_placement,
     model_layers,
     offload_plan,
+    one_row_extends,
     weight_placement,
 )
 from localspec.llama.runtime import C, compute, log, offload_devices
@@ -143,6 +144,7 @@ class LlamaModel:
         self.rows_per_decode = (
             1 if self.placement.one_row_per_decode and "AMX" in self.weight_buffers else self._n_batch
         )
+        self.one_row_up_to = one_row_extends(role, self.placement.offload)  # a draft on CUDA: one graph for all
         self._tokens: list[int] = []
         self._pieces: dict[int, bytes] = {}
         self._decode_s = 0.0
@@ -283,13 +285,14 @@ class LlamaModel:
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.name} ({self._n_vocab})")
         first_logit = n - n_logits
-        chunk = self.rows_per_decode
+        one_graph = n <= self.one_row_up_to  # one row at a time, each with its output: the graph of every decode
+        chunk = 1 if one_graph else self.rows_per_decode
         borrowed = borrow and n_logits > 0 and first_logit // chunk == (n - 1) // chunk  # one decode writes them all
         out = None if borrowed else np.empty((n_logits, self._n_vocab), dtype=np.float32)
         with self._lock:
             for start in range(0, n, chunk):
                 part = tokens[start : start + chunk]
-                self._decode(part, start, first_logit)
+                self._decode(part, start, 0 if one_graph else first_logit)
                 rows = start + len(part) - max(start, first_logit)
                 if rows > 0:
                     # the requested rows are contiguous in llama.cpp's output buffer
