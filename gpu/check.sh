@@ -10,7 +10,9 @@
 #   bash gpu/check.sh run     every command on CUDA while llama-server compiles in the build tree, then
 #                             `python -m localspec.bench gpu` (its report is saved after each stage, so a time
 #                             limit leaves what was measured; llama-server's own modes beside localspec's), then the pair's
-#                             target again with the CUDA patch's kernel choice undone (gpu-report-stock.md):
+#                             target again with the CUDA patch's kernel choice undone (gpu-report-stock.md),
+#                             and the draft and that target with the candidate patch's key undone
+#                             (gpu-report-one-key.md; gpu/candidates/):
 #                             about 2 minutes with REPEATS=3; the reports and logs land in $OUT
 #
 # The triage loads the draft the way localspec does (gpu/load_probe.py); where that crashes, cuda-gdb's backtrace
@@ -152,6 +154,13 @@ run_all() {
     --model "target-${PAIR_SHAPE^^}=$MODELS/$PAIR_SHAPE-q4_k_m.gguf" --out "$OUT/gpu-report-stock.md" \
     --note "LOCALSPEC_CUDA_STOCK_DISPATCH=1: upstream's choice of kernels (the patch's warp count stays)" \
     >> "$OUT/check.log" 2>&1 || say "the stock-dispatch report FAILED (see check.log)"
+  # the candidate patch's key undone (gpu/candidates/): the decode costs after another size, upstream's way
+  say "measuring the draft and the pair's target with LOCALSPEC_CUDA_GRAPH_PER_SHAPE=0"
+  LOCALSPEC_CUDA_GRAPH_PER_SHAPE=0 timeout 150 "$PY" -m localspec.bench gpu --repeats "${REPEATS:-5}" \
+    --model "draft-0.5B=$MODELS/0.5b-q4_0.gguf" --model "target-${PAIR_SHAPE^^}=$MODELS/$PAIR_SHAPE-q4_k_m.gguf" \
+    --out "$OUT/gpu-report-one-key.md" \
+    --note "LOCALSPEC_CUDA_GRAPH_PER_SHAPE=0: one CUDA graph per address, upstream's key (the candidate patch off)" \
+    >> "$OUT/check.log" 2>&1 || say "the one-key report FAILED (see check.log)"
   { printf '\n## The load triage and every command (gpu/check.sh)\n\n'
     grep -E 'load probe|cuda-gdb|\] \$ |\] exit ' "$OUT/check.log" | sed 's/^/    /'
     [ -f "$WORK/ui-probe.txt" ] && sed 's/^/    /' "$WORK/ui-probe.txt"; } >> "$OUT/gpu-report.md"

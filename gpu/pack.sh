@@ -32,6 +32,9 @@ tar -xzf "$sdist" -C "$WORK/src" --strip-components=1
 for patch in $(grep -v '^#' "$ROOT/patches/series"); do  # in the series' order, as `make install` applies them
   patch -s -p1 -d "$WORK/src" < "$ROOT/patches/$patch"
 done
+for patch in "$ROOT"/gpu/candidates/*.patch; do  # candidates the GPU check measures both ways (each has a switch)
+  [ -f "$patch" ] && patch -s -p1 -d "$WORK/src" < "$patch"
+done
 llama=$WORK/src/vendor/llama.cpp
 rm -rf "$WORK"/src/{.git,.github,docker,docs,examples,tests}
 rm -rf "$llama"/{models,docs,media,benches,tests,examples}

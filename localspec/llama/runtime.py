@@ -51,6 +51,8 @@ PATCHED_LIBRARIES = ("ggml-base", "ggml-cpu", "ggml-rpc")  # the libraries patch
 # Up to 8 rows a batch (llama.cpp's MMVQ_MAX_BATCH_SIZE) it keeps every product in the one-row kernels; from 9
 # on llama.cpp computes quantized products with another kernel family (MMQ), which no setting changes.
 CUDA_PATCH = "cuda_batch_invariant"
+# ... and a candidate the GPU check builds in to measure it (gpu/candidates/, not in patches/series)
+CUDA_PATCHES = (CUDA_PATCH, "cuda_graph_per_shape")
 CUDA_INVARIANT_ROWS = 8
 # read by the patch: set (to anything, as its getenv reads it), upstream's kernel choice (for measuring)
 CUDA_STOCK_DISPATCH_ENV = "LOCALSPEC_CUDA_STOCK_DISPATCH"
@@ -270,8 +272,8 @@ def build_patches() -> tuple[str, ...]:
     for library in PATCHED_LIBRARIES:
         if library in libraries:
             found |= {name.decode() for name in symbol.findall(libraries[library].read_bytes())}
-    if "ggml-cuda" in libraries and defines_symbol(libraries["ggml-cuda"], PATCH_SYMBOL + CUDA_PATCH):
-        found.add(CUDA_PATCH)
+    if "ggml-cuda" in libraries:
+        found |= {name for name in CUDA_PATCHES if defines_symbol(libraries["ggml-cuda"], PATCH_SYMBOL + name)}
     return tuple(sorted(found))
 
 
