@@ -238,6 +238,7 @@ _BOUND_BLOCK = 2048
 _BOUND_SLACK = 1e-3
 _BOUND_FLOOR = 2.0**-125
 _BOUND_SCALE_MAX = 1e30  # 1/T beyond float32's comfortable range: the float64 pass instead
+assert _SLICE % _BOUND_BLOCK == 0  # a slice's blocks are whole (_block_bounds indexes them from its start)
 
 
 def sample_index(weights: np.ndarray, rng: np.random.Generator) -> int:
