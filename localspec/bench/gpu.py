@@ -108,9 +108,8 @@ def predictions(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for target in (m for m in models if m["label"].startswith("target")):
         verify = {n: ms / 1000 for n, ms in target["ms"].items() if n <= 17}
-        t_target = _one_row_steady(target)
-        verify[1] = t_target
-        for drafter, t_draft in [(d["label"], _one_row_steady(d)) for d in drafts] + [("lookup", 0.0)]:
+        t_target = verify[1] = target["ms_steady"][1] / 1000
+        for drafter, t_draft in [(d["label"], d["ms_steady"][1] / 1000) for d in drafts] + [("lookup", 0.0)]:
             cells = {
                 name: best_draft_length(alpha, t_draft, verify, t_target)
                 for name, alpha in REAL_PAIR_ACCEPTANCE.items()
@@ -119,12 +118,6 @@ def predictions(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 {"target": target["label"], "drafter": drafter, "cost_ratio": t_draft / t_target, "best": cells}
             )
     return rows
-
-
-def _one_row_steady(model: dict[str, Any]) -> float:
-    """Seconds of a one-row decode after another one-row decode (JSON keys may be strings)."""
-    steady = {int(rows): ms for rows, ms in model.get("ms_steady", {}).items()}
-    return (steady.get(1) or {int(rows): ms for rows, ms in model["ms"].items()}[1]) / 1000
 
 
 def llama_bench(binary: str, path: str, n_gpu_layers: int, depth: int) -> dict[str, Any]:

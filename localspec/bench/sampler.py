@@ -89,20 +89,18 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-LLAMA_CPP_CONTEXT = "def quicksort(items):\n    if len(items) < 2:\n        return items\n    pivot = items[0]\n" * 4
-
-
 def against_llama_cpp(path: str, repeats: int, temperature: float = 0.7) -> dict[tuple[str, str], float]:
     """A target-only token's draw on one real output row: localspec's (the mode's verification of no draft) against
     llama.cpp's own sampler chain (what llama-server runs per token), at T = 0 and over the whole distribution at
     ``temperature``; interleaved, median µs by (temperature, whose)."""
     from localspec.app.config import load_config
     from localspec.app.engine import llama_cpp_sampler, llama_settings, load_model
+    from localspec.bench.gpu import CONTEXT_TEXT
 
     model = load_model(path, llama_settings(load_config()), "target")
     samplers = {t: llama_cpp_sampler(t) for t in (0.0, temperature)}
     try:
-        context = model.tokenize(LLAMA_CPP_CONTEXT)
+        context = model.tokenize(CONTEXT_TEXT)
         rows = model.extend(context, 1, borrow=True)  # llama.cpp's output row, which its sampler reads too
         draws = {}
         for t, sampler in samplers.items():

@@ -445,8 +445,7 @@ class LlamaModel:
         """The largest batch whose rows can equal the same rows decoded one at a time, where llama.cpp's kernels
         bound it: 8 with layers on a CUDA GPU and localspec's CUDA patch (from 9 rows quantized products take
         another kernel family); None where no kernel switch bounds it (the CPU, with localspec's patches)."""
-        offload = self.placement.offload
-        on_cuda = offload.output_on_gpu and any(device.startswith("CUDA") for device in offload.devices)
+        on_cuda = self.placement.offload.on_cuda
         return runtime.CUDA_INVARIANT_ROWS if on_cuda and runtime.cuda_batch_invariant() else None
 
 

@@ -60,6 +60,11 @@ class Offload:
         return self.output_here or not tensor.startswith("output.")
 
     @property
+    def on_cuda(self) -> bool:
+        """Whether the output layer (and so the row's logits) is computed on a CUDA GPU."""
+        return self.output_on_gpu and any(device.startswith("CUDA") for device in self.devices)
+
+    @property
     def computed_on(self) -> str:
         """Every device that computes part of a row, this machine's CPU included where a block or the output
         layer stays on it: where a measurement of the model's logits (batch invariance) holds."""
@@ -96,8 +101,7 @@ def one_row_extends(role: str, offload: Offload) -> int:
     model is the same graph (0: none). Only a draft whose output is on a local CUDA GPU: its target's
     verifications need their rows in one batch, a CPU's graph is cheap to build, and over RPC each decode is
     a round trip."""
-    on_cuda = offload.output_on_gpu and any(device.startswith("CUDA") for device in offload.devices)
-    return ONE_ROW_CATCH_UP if role == "draft" and on_cuda else 0
+    return ONE_ROW_CATCH_UP if role == "draft" and offload.on_cuda else 0
 
 
 BLOCK = re.compile(r"^blk\.(\d+)\.")
