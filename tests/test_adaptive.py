@@ -289,40 +289,89 @@ def test_blocked_sampler_draws_the_exact_distribution(vocab: int) -> None:
     assert result.passed, str(result)
 
 
-@pytest.mark.parametrize("path", ["the total first", "a draw alone"])
+@pytest.mark.parametrize("path", ["the total first", "a draw alone", "a flat row"])
 @pytest.mark.parametrize("bug", [None, "planted"])
 def test_sliced_weights_draw_the_exact_distribution(path: str, bug: str | None, monkeypatch) -> None:
-    """The hot path's draws against p, over the real pair's vocabulary. A row whose total is known draws
-    by slice sums, then one slice; its negative control misplaces the point inside the chosen slice. A
-    row asked for a draw alone draws under float32 bounds of its blocks and accepts by the float64 mass;
-    its negative control halves every other block's bound, so those bounds no longer bound. Both must be
-    caught."""
+    """The hot path's draws against p, over the real pair's vocabulary: twelve hot tokens across slice
+    boundaries, and the rest of the mass in other tokens. A row whose total is known draws by slice sums,
+    then one slice; its negative control misplaces the point inside the chosen slice. A row asked for a
+    draw alone draws from its head's weights and the tail's bound (here every other token lies just under
+    the head's cut, a seventh of the mass); its negative control halves that bound, so it no longer
+    bounds. A flat row (ten thousand tokens near the top) draws under float32 bounds of its blocks; its
+    negative control halves every other block's bound. Each must be caught."""
     from localspec.core import sampling
 
     if bug and path == "the total first":
         index_at = sampling._index_at
         monkeypatch.setattr(sampling, "_index_at", lambda w, x, cdf, block: index_at(w, x * 0.8, cdf, block))
     if bug and path == "a draw alone":
+        monkeypatch.setattr(sampling, "_TAIL_SLACK", -0.5)
+    if bug and path == "a flat row":
         block_bounds = sampling._block_bounds
         monkeypatch.setattr(sampling, "_block_bounds", lambda *a: block_bounds(*a) * np.resize([1.0, 0.5], 75))
     rng = np.random.default_rng(31)
-    vocab = 151_936
-    logits = np.full(vocab, -1e4, dtype=np.float32)  # weight exp(-1e4 / T): zero in float64
+    vocab, temperature = 151_936, 0.7
     hot = np.array([3, 2_048, 4_097, 32_767, 32_768, 32_770, 65_536, 70_001, 98_303, 120_000, 131_072, vocab - 1])
+    logits = np.full(vocab, -1e4, dtype=np.float32)  # weight exp(-1e4 / T): zero in float64
     logits[hot] = rng.uniform(0.0, 2.0, size=hot.size).astype(np.float32)
-    params = SamplingParams(temperature=0.7)
+    rest = np.setdiff1d(np.arange(vocab), hot)
+    if path == "a flat row":
+        rest = np.sort(rng.choice(rest, size=10_000, replace=False))
+        logits[rest] = rng.uniform(-2.0, 0.0, size=rest.size).astype(np.float32)
+    else:
+        cut, _ = sampling._tail_cut(logits, np.float64(logits.max()), 1.0 / temperature)
+        logits[rest] = cut - rng.uniform(0.0, 0.5 * temperature, size=rest.size).astype(np.float32)
+    params = SamplingParams(temperature=temperature)
     p = probabilities(logits, params)
     row = weights(logits, params)
     if path == "the total first":
         assert row.total > 0.0
+    else:  # the path the name says
+        assert (row._sample_by_head(rng) is None) == (path == "a flat row")
     draws = np.array([row.sample(rng) for _ in range(30_000)])  # a draw alone never sums the row: each is one
-    counts = np.array([(draws == t).sum() for t in hot])
-    result = chi_square(counts, p[hot])
+    bins = [np.array([t]) for t in hot] + np.array_split(rest, 6)  # the rest in six runs of token ids
+    counts = np.array([np.isin(draws, b).sum() for b in bins])
+    result = chi_square(counts, np.array([p[b].sum() for b in bins]))
     if bug:
         assert not result.passed, f"the test missed a planted sampler bug: {result}"
         return
-    assert set(np.unique(draws)) <= set(hot.tolist())  # zero weight is never drawn
+    assert p[rest].sum() > 0.1  # the rest has the mass to show a bug there
     assert result.passed, str(result)
+
+
+@pytest.mark.parametrize("control", [None, "a bound short of the cut's weight"])
+def test_no_tail_token_weighs_more_than_the_tail_bound(control: str | None, monkeypatch) -> None:
+    """A draw alone is exact only if no token at or below the head's cut weighs more than the tail's
+    bound: rows of several sizes and spreads, temperatures from 0.05 to 2.5 (where the cut, rounded to
+    float32, may sit above its float64 value), with tokens placed on the cut and on its float32 neighbours.
+    With the bound a millionth short of the cut's own weight, it falls short (the control). A flat row
+    declines the head path."""
+    from localspec.core import sampling
+
+    if control:
+        monkeypatch.setattr(sampling, "_TAIL_SLACK", -1e-6)
+    rng = np.random.default_rng(5)
+    short = []  # (case, weight / bound) where a tail token outweighs the bound
+    for case in range(60):
+        vocab = int(rng.choice([3_000, 49_152, 151_936]))
+        temperature = float(rng.choice([0.05, 0.3, 0.7, 1.0, 2.5]))
+        logits = (rng.standard_normal(vocab) * rng.uniform(0.5, 12.0)).astype(np.float32)
+        best, scale = np.float64(logits.max()), 1.0 / temperature
+        cut, bound = sampling._tail_cut(logits, best, scale)
+        near = rng.choice(vocab, size=30, replace=False)
+        logits[near] = [cut, np.nextafter(cut, np.float32(-np.inf)), np.nextafter(cut, np.float32(np.inf))] * 10
+        logits[np.argmax(logits)] = np.float32(best)  # the top stays the top
+        row = Weights.of_logits(logits, best, scale)
+        in_tail = logits <= cut
+        heaviest = row.w[in_tail].max()
+        if heaviest > bound:
+            short.append((case, heaviest / bound))
+    if control:
+        assert short, f"{control}: the bound never fell short, so the test would miss that bug"
+        return
+    assert not short, short[:5]
+    flat = np.zeros(151_936, dtype=np.float32)
+    assert Weights.of_logits(flat, np.float64(0.0), 1.0)._sample_by_head(rng) is None
 
 
 @pytest.mark.parametrize("control", [None, "no slack", "no floor"])

@@ -176,8 +176,8 @@ def test_the_front_ends_bench_drives_the_terminal_chat_and_the_api(tmp_path) -> 
 
 def test_the_sampler_bench_times_llama_cpps_own_chain_on_the_same_row(demo_paths) -> None:
     """`python -m localspec.bench sampler --against-llama-cpp`: localspec's target-only draw and llama.cpp's
-    sampler chain on one real output row, both temperatures; llama.cpp's greedy chain and localspec's argmax
-    agree on that row (the same row is what both read)."""
+    sampler chain on real output rows (three of a greedy reply), both temperatures; llama.cpp's greedy chain
+    and localspec's argmax agree on a row (the same row is what both read)."""
     import numpy as np
 
     from localspec.app.engine import llama_cpp_sampler
@@ -185,10 +185,13 @@ def test_the_sampler_bench_times_llama_cpps_own_chain_on_the_same_row(demo_paths
     from localspec.core.sampling import SamplingParams, greedy_token
     from localspec.llama.model import LlamaModel
 
-    found = against_llama_cpp(str(demo_paths[0]), repeats=2)
+    found = against_llama_cpp(str(demo_paths[0]), repeats=2, n_rows=3)
     assert set(found) == {(t, who) for t in ("T = 0", "T = 0.7") for who in ("localspec", "llama.cpp")}
-    assert all(us > 0 for us in found.values())
+    assert all(len(per_row) == 3 and min(per_row) > 0 for per_row in found.values())
     assert against_llama_cpp_table(found, "demo").count("\n| T = ") == 2
+    one_row = against_llama_cpp(str(demo_paths[0]), repeats=2, temperatures=(1.5,))
+    assert set(one_row) == {("T = 1.5", "localspec"), ("T = 1.5", "llama.cpp")}
+    assert against_llama_cpp_table(one_row, "demo").count("\n| T = 1.5 |") == 1
     model = LlamaModel(demo_paths[0], role="target")
     greedy = llama_cpp_sampler(0.0)
     try:

@@ -89,44 +89,66 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def against_llama_cpp(path: str, repeats: int, temperature: float = 0.7) -> dict[tuple[str, str], float]:
-    """A target-only token's draw on one real output row: localspec's (the mode's verification of no draft) against
-    llama.cpp's own sampler chain (what llama-server runs per token), at T = 0 and over the whole distribution at
-    ``temperature``; interleaved, median µs by (temperature, whose)."""
+def against_llama_cpp(path: str, repeats: int, temperatures: tuple[float, ...] = (0.0, 0.7),
+                      n_rows: int = 1) -> dict[tuple[str, str], list[float]]:  # fmt: skip
+    """A target-only token's draw on real output rows: localspec's (the mode's verification of no draft) against
+    llama.cpp's own sampler chain (what llama-server runs per token), at each temperature (above 0 over the whole
+    distribution). The rows are those of the model's own greedy reply to the GPU bench's context, ``n_rows`` of
+    them: how peaked a row is decides what a draw costs. Interleaved on each row; the median µs of each row, by
+    (temperature, whose)."""
     from localspec.app.config import load_config
     from localspec.app.engine import llama_cpp_sampler, llama_settings, load_model
     from localspec.bench.gpu import CONTEXT_TEXT
 
     model = load_model(path, llama_settings(load_config()), "target")
-    samplers = {t: llama_cpp_sampler(t) for t in (0.0, temperature)}
+    samplers = {t: llama_cpp_sampler(t) for t in temperatures}
     try:
         context = model.tokenize(CONTEXT_TEXT)
         rows = model.extend(context, 1, borrow=True)  # llama.cpp's output row, which its sampler reads too
-        draws = {}
-        for t, sampler in samplers.items():
-            mode = make_mode("target-only", SamplingParams(temperature=t), np.random.default_rng(0), model.vocab_size)
-            no_draft = Draft(tokens=[], q_rows=[])
-            draws[(f"T = {t:g}", "localspec")] = lambda mode=mode: mode.verify(no_draft, rows, context)
-            draws[(f"T = {t:g}", "llama.cpp")] = lambda sampler=sampler: sampler.sample(model)
-        times: dict[tuple[str, str], list[float]] = {key: [] for key in draws}
-        for _ in range(repeats + 1):  # the first round warms up and is not kept
-            for key, draw in draws.items():
-                began = time.perf_counter()
-                draw()
-                times[key].append(time.perf_counter() - began)
-        return {key: statistics.median(values[1:]) * 1e6 for key, values in times.items()}
+        per_row: dict[tuple[str, str], list[float]] = {}
+        for _ in range(n_rows):
+            draws = {}
+            for t, sampler in samplers.items():
+                params = SamplingParams(temperature=t)
+                mode = make_mode("target-only", params, np.random.default_rng(0), model.vocab_size)
+                no_draft = Draft(tokens=[], q_rows=[])
+                draws[(f"T = {t:g}", "localspec")] = lambda mode=mode, rows=rows: mode.verify(no_draft, rows, context)
+                draws[(f"T = {t:g}", "llama.cpp")] = lambda sampler=sampler: sampler.sample(model)
+            times: dict[tuple[str, str], list[float]] = {key: [] for key in draws}
+            for _ in range(repeats + 1):  # the first round warms up and is not kept
+                for key, draw in draws.items():
+                    began = time.perf_counter()
+                    draw()
+                    times[key].append(time.perf_counter() - began)
+            for key, values in times.items():
+                per_row.setdefault(key, []).append(statistics.median(values[1:]) * 1e6)
+            token = int(np.argmax(rows[0]))  # the reply goes on greedily
+            context.append(token)
+            rows = model.extend([token], 1, borrow=True)
+        return per_row
     finally:
         for sampler in samplers.values():
             sampler.close()
         model.close()
 
 
-def against_llama_cpp_table(found: dict[tuple[str, str], float], vocab_note: str) -> str:
-    lines = [f"| a target-only token's draw ({vocab_note}) | localspec (µs) | llama.cpp's sampler (µs) | ratio |",
-             "|---|---:|---:|---:|"]  # fmt: skip
+def against_llama_cpp_table(found: dict[tuple[str, str], list[float]], vocab_note: str) -> str:
+    n_rows = len(next(iter(found.values())))
+    if n_rows == 1:
+        lines = [f"| a target-only token's draw ({vocab_note}) | localspec (µs) | llama.cpp's sampler (µs) | ratio |",
+                 "|---|---:|---:|---:|"]  # fmt: skip
+    else:
+        lines = [f"| a target-only token's draw ({vocab_note}, {n_rows} rows of a reply) | localspec (µs): median / "
+                 "90th percentile / mean | llama.cpp's sampler (µs): median / mean | ratio of the means |",
+                 "|---|---:|---:|---:|"]  # fmt: skip
     for temperature in dict.fromkeys(t for t, _ in found):
-        ours, theirs = found[(temperature, "localspec")], found[(temperature, "llama.cpp")]
-        lines.append(f"| {temperature} | {ours:,.0f} | {theirs:,.0f} | {theirs / ours:.1f}× |")
+        ours, theirs = np.array(found[(temperature, "localspec")]), np.array(found[(temperature, "llama.cpp")])
+        if n_rows == 1:
+            lines.append(f"| {temperature} | {ours[0]:,.0f} | {theirs[0]:,.0f} | {theirs[0] / ours[0]:.1f}× |")
+        else:
+            lines.append(f"| {temperature} | {np.median(ours):,.0f} / {np.percentile(ours, 90):,.0f} / "
+                         f"{ours.mean():,.0f} | {np.median(theirs):,.0f} / {theirs.mean():,.0f} | "
+                         f"{theirs.mean() / ours.mean():.1f}× |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -139,9 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against-llama-cpp", metavar="GGUF", default=None,
                         help="instead: a target-only draw on this model's real output row, localspec's against "
                              "llama.cpp's own sampler chain")  # fmt: skip
+    parser.add_argument("--rows", type=int, default=1,
+                        help="with --against-llama-cpp: this many rows of the model's greedy reply")  # fmt: skip
+    parser.add_argument("-t", "--temperature", type=float, action="append",
+                        help="with --against-llama-cpp: a temperature (repeatable; default 0 and 0.7)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.against_llama_cpp:
-        found = against_llama_cpp(args.against_llama_cpp, args.repeats)
+        temperatures = tuple(args.temperature or (0.0, 0.7))
+        found = against_llama_cpp(args.against_llama_cpp, args.repeats, temperatures, args.rows)
         print(against_llama_cpp_table(found, Path(args.against_llama_cpp).name))
         return 0
     rows = run(tuple(args.vocab or VOCABS), tuple(args.k or KS), tuple(args.mode or MODES), args.repeats)

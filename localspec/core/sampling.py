@@ -229,11 +229,21 @@ _SAMPLE_BLOCK = 256
 #: (docs/performance.md, "Borrowed rows, one-element probabilities, a residual drawn by rejection").
 _SLICE = 32768
 
-#: A draw that needs no probability (the target alone's token, a bonus token) proposes a block of this
-#: many tokens from float32 upper bounds of the blocks' masses, then accepts it with its float64 mass over
-#: the bound (:meth:`Weights.sample`). A float32 bound is a block's float32 sum of weights times
-#: ``1 + _BOUND_SLACK``, plus ``_BOUND_FLOOR`` per token for weights that float32 flushes to zero: the
-#: errors it must cover are below 2e-4 of a block's mass (docs/design.md, "A draw without the total").
+#: A draw that needs no probability (the target alone's token, a bonus token) reads only the row's head:
+#: the tokens whose logit lies above a cut where a weight is ``1 / V`` of the top token's. Every other token
+#: weighs at most that, so the tail's bound totals at most the top token's weight (:meth:`Weights.sample`).
+#: A row with more than ``V / _HEAD_SHARE`` tokens above the cut (a flat row: a high temperature, a model
+#: with random weights) draws under float32 bounds of its blocks instead, which cost less than such a head.
+_HEAD_SHARE = 64
+#: The tail's bound is the cut's own weight times ``1 + _TAIL_SLACK``: a weight is computed by monotone
+#: roundings and an exp within an ulp or two, so a logit at or below the cut weighs at most that.
+_TAIL_SLACK = 1e-9
+
+#: A flat row's draw alone proposes a block of this many tokens from float32 upper bounds of the blocks'
+#: masses, then accepts it with its float64 mass over the bound (:meth:`Weights.sample`). A float32 bound
+#: is a block's float32 sum of weights times ``1 + _BOUND_SLACK``, plus ``_BOUND_FLOOR`` per token for
+#: weights that float32 flushes to zero: the errors it must cover are below 2e-4 of a block's mass
+#: (docs/design.md, "A draw without the total").
 _BOUND_BLOCK = 2048
 _BOUND_SLACK = 1e-3
 _BOUND_FLOOR = 2.0**-125
@@ -297,6 +307,16 @@ def _exp_scaled(raw: np.ndarray, best: np.float64, scale: float, out: np.ndarray
     out *= scale
     np.exp(out, out=out)
     return out
+
+
+def _tail_cut(raw: np.ndarray, best: np.float64, scale: float) -> tuple[np.generic, float]:
+    """The cut between a row's head and tail (a logit in the row's own dtype) and the most a tail token
+    (logit at or below the cut) can weigh: the cut's weight, computed as every weight is, with the slack
+    of :data:`_TAIL_SLACK`. The cut is where a weight is ``1 / V``; rounded to the row's dtype it may sit
+    a little higher, and the bound follows the rounded cut."""
+    cut = raw.dtype.type(best - np.log(raw.shape[0]) / scale)
+    weight = _exp_scaled(np.array([cut]), best, scale, np.empty(1))[0]
+    return cut, float(weight) * (1.0 + _TAIL_SLACK)
 
 
 def _block_bounds(raw: np.ndarray, best: np.float64, scale: float) -> np.ndarray:
@@ -467,7 +487,8 @@ class Weights:
         if self._w is not None:
             return sample_index(self._w, rng)
         if self._masses is None and self._raw is not None and self._bounded():
-            return self._sample_by_bounds(rng)
+            token = self._sample_by_head(rng)
+            return token if token is not None else self._sample_by_bounds(rng)
         x = rng.random() * self.total
         below, last = 0.0, 0  # the mass of the slices before this one; the last slice with mass
         for i, mass in enumerate(self._masses):
@@ -498,6 +519,35 @@ class Weights:
             cdf = _exp_scaled(raw, self._best, self._scale, segment[: raw.shape[0]]).cumsum()
             if y < cdf[-1]:
                 return b * _BOUND_BLOCK + int(cdf.searchsorted(y, side="right"))
+
+    def _sample_by_head(self, rng: np.random.Generator) -> int | None:
+        """A draw with the law of :meth:`sample` that computes the head's weights alone (None for a flat
+        row: see :data:`_HEAD_SHARE`). A uniform point lies under the head's cumulative weights, which
+        pick its token, or in the tail: ``V - m`` cells, one per tail token, each as wide as the tail's
+        bound. A point in a cell picks its token if it lies under that token's weight, else a new point
+        is drawn. So every token is drawn with probability proportional to its float64 weight, and the
+        tail, whose bound totals at most the top token's weight, takes at most half the points."""
+        raw, best, scale = self._raw, self._best, self._scale
+        n = raw.shape[0]
+        cut, tail = _tail_cut(raw, best, scale)
+        above = raw > cut
+        m = int(np.count_nonzero(above))
+        if not 0 < m <= n // _HEAD_SHARE or not tail * (n - m) <= 2.0:  # flat, or a cut rounded up to the top
+            return None
+        head = np.flatnonzero(above)
+        w = _exp_scaled(raw[head], best, scale, np.empty(m))
+        cdf, block = _block_cdf(w)
+        head_mass, tail_mass = float(cdf[-1]), tail * (n - m)
+        skipped = head - np.arange(m)  # tail tokens before each head token
+        one = np.empty(1)
+        while True:
+            x = rng.random() * (head_mass + tail_mass)
+            if x < head_mass:
+                return int(head[_index_at(w, x, cdf, block)])
+            cell = min(int((x - head_mass) / tail), n - m - 1)
+            token = cell + int(skipped.searchsorted(cell, side="right"))  # the cell-th tail token
+            if (x - head_mass) - cell * tail < _exp_scaled(raw[token : token + 1], best, scale, one)[0]:
+                return token
 
     def __getitem__(self, token):  # row[token] -> probability, as on a dense row
         if isinstance(token, (int, np.integer)):
