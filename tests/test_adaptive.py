@@ -16,7 +16,8 @@ from localspec.core.events import GenerationResult, StepEvent
 from localspec.core.options import GenerationOptions
 from localspec.core.perf import expected_tokens_per_step
 from localspec.core.policy import LOOKUP, MODEL, Plan
-from localspec.core.sampling import SamplingParams, Weights, probabilities, sample_index, weights
+from localspec.core.sampling import SamplingParams, probabilities, weights
+from localspec.core.weights import Weights, sample_index
 from localspec.drafting.adaptive import AdaptiveK
 from localspec.drafting.calibrate import Costs, measure_costs
 from localspec.drafting.costs import CostModel
@@ -299,16 +300,16 @@ def test_sliced_weights_draw_the_exact_distribution(path: str, bug: str | None, 
     the head's cut, a seventh of the mass); its negative control halves that bound, so it no longer
     bounds. A flat row (ten thousand tokens near the top) draws under float32 bounds of its blocks; its
     negative control halves every other block's bound. Each must be caught."""
-    from localspec.core import sampling
+    from localspec.core import weights as rows
 
     if bug and path == "the total first":
-        index_at = sampling._index_at
-        monkeypatch.setattr(sampling, "_index_at", lambda w, x, cdf, block: index_at(w, x * 0.8, cdf, block))
+        index_at = rows._index_at
+        monkeypatch.setattr(rows, "_index_at", lambda w, x, cdf, block: index_at(w, x * 0.8, cdf, block))
     if bug and path == "a draw alone":
-        monkeypatch.setattr(sampling, "_TAIL_SLACK", -0.5)
+        monkeypatch.setattr(rows, "_TAIL_SLACK", -0.5)
     if bug and path == "a flat row":
-        block_bounds = sampling._block_bounds
-        monkeypatch.setattr(sampling, "_block_bounds", lambda *a: block_bounds(*a) * np.resize([1.0, 0.5], 75))
+        block_bounds = rows._block_bounds
+        monkeypatch.setattr(rows, "_block_bounds", lambda *a: block_bounds(*a) * np.resize([1.0, 0.5], 75))
     rng = np.random.default_rng(31)
     vocab, temperature = 151_936, 0.7
     hot = np.array([3, 2_048, 4_097, 32_767, 32_768, 32_770, 65_536, 70_001, 98_303, 120_000, 131_072, vocab - 1])
@@ -319,7 +320,7 @@ def test_sliced_weights_draw_the_exact_distribution(path: str, bug: str | None, 
         rest = np.sort(rng.choice(rest, size=10_000, replace=False))
         logits[rest] = rng.uniform(-2.0, 0.0, size=rest.size).astype(np.float32)
     else:
-        cut, _ = sampling._tail_cut(logits, np.float64(logits.max()), 1.0 / temperature)
+        cut, _ = rows._tail_cut(logits, np.float64(logits.max()), 1.0 / temperature)
         logits[rest] = cut - rng.uniform(0.0, 0.5 * temperature, size=rest.size).astype(np.float32)
     params = SamplingParams(temperature=temperature)
     p = probabilities(logits, params)
@@ -346,10 +347,10 @@ def test_no_tail_token_weighs_more_than_the_tail_bound(control: str | None, monk
     float32, may sit above its float64 value), with tokens placed on the cut and on its float32 neighbours.
     With the bound a millionth short of the cut's own weight, it falls short (the control). A flat row
     declines the head path."""
-    from localspec.core import sampling
+    from localspec.core import weights as rows
 
     if control:
-        monkeypatch.setattr(sampling, "_TAIL_SLACK", -1e-6)
+        monkeypatch.setattr(rows, "_TAIL_SLACK", -1e-6)
     rng = np.random.default_rng(5)
     short = []  # (case, weight / bound) where a tail token outweighs the bound
     for case in range(60):
@@ -357,7 +358,7 @@ def test_no_tail_token_weighs_more_than_the_tail_bound(control: str | None, monk
         temperature = float(rng.choice([0.05, 0.3, 0.7, 1.0, 2.5]))
         logits = (rng.standard_normal(vocab) * rng.uniform(0.5, 12.0)).astype(np.float32)
         best, scale = np.float64(logits.max()), 1.0 / temperature
-        cut, bound = sampling._tail_cut(logits, best, scale)
+        cut, bound = rows._tail_cut(logits, best, scale)
         near = rng.choice(vocab, size=30, replace=False)
         logits[near] = [cut, np.nextafter(cut, np.float32(-np.inf)), np.nextafter(cut, np.float32(np.inf))] * 10
         logits[np.argmax(logits)] = np.float32(best)  # the top stays the top
@@ -380,12 +381,12 @@ def test_float32_block_bounds_bound_every_float64_block_mass(control: str | None
     wide and narrow spreads, many temperatures, blocks float32 rounds down and blocks whose weights float32
     flushes to zero while float64 keeps them (exp(-150) is 7e-66). Without the slack or the floor the bound
     fails somewhere (the controls)."""
-    from localspec.core import sampling
+    from localspec.core import weights as rows
 
     if control == "no slack":
-        monkeypatch.setattr(sampling, "_BOUND_SLACK", 0.0)
+        monkeypatch.setattr(rows, "_BOUND_SLACK", 0.0)
     if control == "no floor":
-        monkeypatch.setattr(sampling, "_BOUND_FLOOR", 0.0)
+        monkeypatch.setattr(rows, "_BOUND_FLOOR", 0.0)
     rng = np.random.default_rng(5)
     short = []  # (case, block, bound / mass) where the bound falls short
     for case in range(60):
@@ -395,9 +396,9 @@ def test_float32_block_bounds_bound_every_float64_block_mass(control: str | None
         if case % 3 == 0:  # a block far below the rest: flushed to zero in float32, positive in float64
             logits[2_048:4_096] = logits.max() - np.float32(150.0 * temperature)
         best, scale = np.float64(logits.max()), 1.0 / temperature
-        bounds = sampling._block_bounds(logits, best, scale)
+        bounds = rows._block_bounds(logits, best, scale)
         exact = Weights.of_logits(logits, best, scale).w
-        masses = np.add.reduceat(exact, np.arange(0, vocab, sampling._BOUND_BLOCK))
+        masses = np.add.reduceat(exact, np.arange(0, vocab, rows._BOUND_BLOCK))
         short += [(case, b, bounds[b] / masses[b]) for b in np.flatnonzero(bounds < masses)]
     if control:
         assert short, f"{control}: the bound never fell short, so the test would miss that bug"
@@ -423,7 +424,7 @@ def test_weights_give_bit_identical_probabilities() -> None:
 def test_sliced_residual_equals_the_dense_residual_element_for_element() -> None:
     """After a rejection the residual max(0, p - q) is computed slice by slice from the two sliced rows
     (no full row written); every element must equal the dense rows' difference, across slice edges."""
-    from localspec.core.sampling import residual_of
+    from localspec.core.weights import residual_of
 
     rng = np.random.default_rng(11)
     vocab = 151_936
@@ -452,7 +453,8 @@ def test_the_draft_head_is_its_own_exact_distribution() -> None:
     token's weight, renormalised. Its weights are the full row's own numbers (the same transform), its
     probabilities those renormalised, its draws follow them (chi-square), its slices and dense row agree,
     and a rejection's residual against it equals the dense one element for element."""
-    from localspec.core.sampling import DRAFT_FLOOR, HeadWeights, draft_weights, residual_of
+    from localspec.core.sampling import DRAFT_FLOOR, draft_weights
+    from localspec.core.weights import HeadWeights, residual_of
 
     rng = np.random.default_rng(5)
     vocab = 151_936

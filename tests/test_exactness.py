@@ -26,8 +26,9 @@ from localspec.core.events import GenerationResult, StepEvent
 from localspec.core.loop import SpeculativeDecoder
 from localspec.core.modes import InvariantMode, RejectionMode
 from localspec.core.options import GenerationOptions
-from localspec.core.sampling import SamplingParams, draft_weights, probabilities, sample_index, weights
+from localspec.core.sampling import SamplingParams, draft_weights, probabilities, weights
 from localspec.core.verify import DraftCheck, Verdict
+from localspec.core.weights import sample_index
 from localspec.drafting.drafters import ModelDrafter, NgramDrafter
 from localspec.drafting.policy import speculative_decoder
 

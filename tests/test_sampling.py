@@ -15,15 +15,11 @@ from hypothesis import strategies as st
 from localspec.core.errors import ConfigError, SamplingError
 from localspec.core.sampling import (
     SamplingParams,
-    Weights,
     apply_penalties,
     greedy_token,
     log_weights,
     pad_logits,
     probabilities,
-    residual_of,
-    sample_index,
-    top_indices,
     weights,
 )
 from localspec.core.verify import (
@@ -35,6 +31,7 @@ from localspec.core.verify import (
     verify_rejection,
     verify_token_match,
 )
+from localspec.core.weights import Weights, residual_of, sample_index, top_indices
 
 from .stats import chi_square
 

@@ -16,8 +16,9 @@ from dataclasses import replace
 
 from localspec.core.events import Event, PositionRecord, StepEvent, TopEntry
 from localspec.core.loop import SpeculativeDecoder
-from localspec.core.sampling import SamplingParams, Weights, weights
+from localspec.core.sampling import SamplingParams, weights
 from localspec.core.verify import finite
+from localspec.core.weights import Weights
 
 
 def with_position_records(events: Iterator[Event], decoder: SpeculativeDecoder, top: int) -> Iterator[Event]:

@@ -41,7 +41,7 @@ class Draft:
 
     tokens: list[int] = field(default_factory=list)
     # The distribution each token was sampled from (dense rows or unnormalised
-    # sampling.Weights), or None for a deterministic drafter (q one-hot on the token).
+    # weights.Weights), or None for a deterministic drafter (q one-hot on the token).
     q_rows: list[np.ndarray] | None = None
     # Raw draft logits per token (model drafters only), where the UI's top-q needs them: a token drawn
     # from a q that reads no raw row (HeadWeights) has None, the q itself is shown.
@@ -96,7 +96,7 @@ class Mode:
         return list(context[-self.params.penalty_last_n :]) + list(draft[:i])
 
     def target_probs(self, target_logits: np.ndarray, context: Sequence[int], draft: Sequence[int]) -> LazyRows:
-        """Target rows as :class:`~localspec.core.sampling.Weights`, each computed only if a rule looks at it."""
+        """Target rows as :class:`~localspec.core.weights.Weights`, each computed only if a rule looks at it."""
         rows = LazyRows(
             target_logits.shape[0],
             lambda i: weights(target_logits[i], self.params, self.history(context, draft, i), self.vocab_size),

@@ -6,7 +6,7 @@ is random, the RNG. Rows are anything indexable by position, so callers may
 pass lazy sequences that compute a row only when the rule looks at it (greedy
 needs no softmax at all; rejection never looks past the first rejection).
 
-Rows may be dense probability arrays or :class:`~localspec.core.sampling.Weights`
+Rows may be dense probability arrays or :class:`~localspec.core.weights.Weights`
 (unnormalised, the hot path): a rule reads single probabilities; after a
 rejection, the token is drawn from ``p`` and kept with the residual's share of
 it (:func:`draw_from_residual`), and only where a few draws keep nothing is the
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec.core.sampling import Weights, dense_of, prob_of, residual_of, sample_index
+from localspec.core.weights import Weights, dense_of, prob_of, residual_of, sample_index
 
 #: Draws from ``p`` a rejection tries before it computes its residual (see :func:`draw_from_residual`).
 RESIDUAL_DRAWS = 4

@@ -19,7 +19,7 @@ import numpy as np
 from localspec.core.model import LanguageModel, Vocabulary, common_prefix_length
 from localspec.core.modes import Draft, Mode
 from localspec.core.policy import LOOKUP, MODEL, Drafter
-from localspec.core.sampling import HeadWeights, Weights
+from localspec.core.weights import HeadWeights, Weights
 from localspec.drafting.edits import ReplyEdits
 
 
