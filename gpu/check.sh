@@ -12,8 +12,9 @@
 #                             limit leaves what was measured; llama-server's own modes beside localspec's), then the pair's
 #                             target again with the CUDA patch's kernel choice undone (gpu-report-stock.md),
 #                             and the draft and that target with the candidate patch's key undone
-#                             (gpu-report-one-key.md; gpu/candidates/):
-#                             about 2 minutes with REPEATS=3; the reports and logs land in $OUT
+#                             (gpu-report-one-key.md; gpu/candidates/), then a target-only draw on this host's
+#                             CPU, localspec's against llama.cpp's sampler chain, on real and random rows:
+#                             about 3 minutes with REPEATS=3; the reports and logs land in $OUT
 #
 # The triage loads the draft the way localspec does (gpu/load_probe.py); where that crashes, cuda-gdb's backtrace
 # of the crash lands in $OUT.
@@ -161,6 +162,16 @@ run_all() {
     --out "$OUT/gpu-report-one-key.md" \
     --note "LOCALSPEC_CUDA_GRAPH_PER_SHAPE=0: one CUDA graph per address, upstream's key (the candidate patch off)" \
     >> "$OUT/check.log" 2>&1 || say "the one-key report FAILED (see check.log)"
+  # a target-only draw on this host's CPU: the demo's real rows (the head) and the pair's random ones (flat: the blocks)
+  say "timing a target-only draw on this host, localspec's against llama.cpp's sampler chain"
+  { printf '\n## A target-only draw on this host\n\n'
+    for model in "$LOCALSPEC_MODELS/SmolLM2-135M-Instruct.F32.gguf" "$MODELS/$PAIR_SHAPE-q4_k_m.gguf"; do
+      [ -f "$model" ] || continue
+      printf '`python -m localspec.bench sampler --against-llama-cpp %s --repeats 20 --rows 30 -t 0 -t 0.7 -t 1`\n\n' "${model##*/}"
+      timeout 120 "$PY" -m localspec.bench sampler --against-llama-cpp "$model" --repeats 20 --rows 30 -t 0 -t 0.7 -t 1 \
+        2>> "$OUT/check.log" || say "the sampler bench FAILED on ${model##*/} (see check.log)"
+      echo
+    done; } >> "$OUT/gpu-report.md"
   { printf '\n## The load triage and every command (gpu/check.sh)\n\n'
     grep -E 'load probe|cuda-gdb|\] \$ |\] exit ' "$OUT/check.log" | sed 's/^/    /'
     [ -f "$WORK/ui-probe.txt" ] && sed 's/^/    /' "$WORK/ui-probe.txt"; } >> "$OUT/gpu-report.md"

@@ -9,6 +9,8 @@ inputs, so every path sees the same numbers (docs/design.md, "A draw without the
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from localspec.core.errors import SamplingError
@@ -105,12 +107,13 @@ def exp_scaled(raw: np.ndarray, best: np.float64, scale: float, out: np.ndarray)
 
 def _tail_cut(raw: np.ndarray, best: np.float64, scale: float) -> tuple[np.generic, float]:
     """The cut between a row's head and tail (a logit in the row's own dtype) and the most a tail token
-    (logit at or below the cut) can weigh: the cut's weight, computed as every weight is, with the slack
-    of :data:`_TAIL_SLACK`. The cut is where a weight is ``1 / V``; rounded to the row's dtype it may sit
-    a little higher, and the bound follows the rounded cut."""
-    cut = raw.dtype.type(best - np.log(raw.shape[0]) / scale)
-    weight = exp_scaled(np.array([cut]), best, scale, np.empty(1))[0]
-    return cut, float(weight) * (1.0 + _TAIL_SLACK)
+    (logit at or below the cut) can weigh: the cut's weight, its exponent rounded as every weight's is
+    (:func:`exp_scaled`), with the slack of :data:`_TAIL_SLACK` (the math library's exp and numpy's differ
+    by an ulp at most). The cut is where a weight is ``1 / V``; rounded to the row's dtype it may sit a
+    little higher, and the bound follows the rounded cut."""
+    cut = raw.dtype.type(best - math.log(raw.shape[0]) / scale)
+    weight = math.exp((float(cut) - float(best)) * scale)
+    return cut, weight * (1.0 + _TAIL_SLACK)
 
 
 def _block_bounds(raw: np.ndarray, best: np.float64, scale: float) -> np.ndarray:
