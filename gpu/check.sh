@@ -13,7 +13,9 @@
 #                             target again with the CUDA patch's kernel choice undone (gpu-report-stock.md),
 #                             and the draft and that target with the candidate patch's key undone
 #                             (gpu-report-one-key.md; gpu/candidates/), then a target-only draw on this host's
-#                             CPU, localspec's against llama.cpp's sampler chain, on real and random rows:
+#                             CPU, localspec's against llama.cpp's sampler chain, and a verification step
+#                             decided from bounds of each row's total against every total computed, on real
+#                             and random rows:
 #                             about 3 minutes with REPEATS=3; the reports and logs land in $OUT
 #
 # The triage loads the draft the way localspec does (gpu/load_probe.py); where that crashes, cuda-gdb's backtrace
@@ -170,6 +172,9 @@ run_all() {
       printf '`python -m localspec.bench sampler --against-llama-cpp %s --repeats 20 --rows 30 -t 0 -t 0.7 -t 1`\n\n' "${model##*/}"
       timeout 120 "$PY" -m localspec.bench sampler --against-llama-cpp "$model" --repeats 20 --rows 30 -t 0 -t 0.7 -t 1 \
         2>> "$OUT/check.log" || say "the sampler bench FAILED on ${model##*/} (see check.log)"
+      echo
+      timeout 120 "$PY" -m localspec.bench sampler --verify-rows "$model" --rows 100 \
+        2>> "$OUT/check.log" || say "the verification bench FAILED on ${model##*/} (see check.log)"
       echo
     done; } >> "$OUT/gpu-report.md"
   { printf '\n## The load triage and every command (gpu/check.sh)\n\n'

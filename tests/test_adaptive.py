@@ -406,6 +406,116 @@ def test_float32_block_bounds_bound_every_float64_block_mass(control: str | None
     assert not short, short[:5]
 
 
+def _peaked_rows(rng: np.random.Generator, n_rows: int, vocab: int = 151_936) -> np.ndarray:
+    """Logits shaped like a real target's (a normal body, a few tokens about 20 above its median, as on the
+    real 1.5B's rows), float32."""
+    rows = (rng.standard_normal((n_rows, vocab)) * rng.uniform(2.0, 3.0, size=(n_rows, 1))).astype(np.float32)
+    for row in rows:
+        row[rng.choice(vocab, size=6, replace=False)] += rng.uniform(14.0, 24.0, size=6).astype(np.float32)
+    return rows
+
+
+@pytest.mark.parametrize("control", [None, "a tail bound short by half"])
+def test_bounds_of_a_rows_total_hold_the_computed_total(control: str | None, monkeypatch) -> None:
+    """A decision without the total is the exact one only if the bounds hold the total as it is computed:
+    rows of several spreads and temperatures, with tokens placed on both cuts and their float32
+    neighbours. With the cuts' weights halved, the upper bound falls short (the control)."""
+    from localspec.core import weights as rows_module
+
+    if control:
+        tail_cut = rows_module._tail_cut
+        monkeypatch.setattr(rows_module, "_tail_cut", lambda *a, **k: (lambda c, w: (c, w / 2))(*tail_cut(*a, **k)))
+    rng = np.random.default_rng(17)
+    outside, bounded = [], 0
+    for case, logits in enumerate(_peaked_rows(rng, 24)):
+        temperature = float(rng.choice([0.3, 0.7, 1.0]))
+        best, scale = np.float64(logits.max()), 1.0 / temperature
+        for depth in (1, 2):  # tokens on the cuts, where a bound is tight
+            cut, _ = rows_module._tail_cut(logits, best, scale, depth)
+            spots = rng.choice(np.flatnonzero(logits < best - 1.0), size=3000, replace=False)
+            on_cut = [cut, np.nextafter(cut, np.float32(-np.inf)), np.nextafter(cut, np.float32(np.inf))]
+            logits[spots] = np.resize(on_cut, 3000)
+        bounds = Weights.of_logits(logits, best, scale)._total_bounds()
+        if bounds is None:
+            continue
+        bounded += 1
+        total = Weights.of_logits(logits, best, scale).total
+        if not bounds[0] <= total <= bounds[1]:
+            outside.append((case, temperature, bounds, total))
+    if control:
+        assert outside, f"{control}: the bounds always held, so the test would miss that bug"
+        return
+    assert bounded >= 12 and not outside, (bounded, outside[:3])
+
+
+@pytest.mark.parametrize("control", [None, "bounds narrowed by 5 %"])
+def test_a_decision_from_bounds_is_the_exact_comparisons(control: str | None, monkeypatch) -> None:
+    """``prob_exceeds`` answers as ``prob(token) > level`` does, or not at all: levels within 5 % of the
+    token's probability on both sides and far from it, on peaked rows. Most are decided without the
+    total. With the bounds narrowed by 5 % (a margin of -0.05), some answers are wrong (the control)."""
+    from localspec.core import weights as rows_module
+
+    if control:
+        monkeypatch.setattr(rows_module, "_TOTAL_MARGIN", -0.05)
+    rng = np.random.default_rng(23)
+    wrong, decided, asked = [], 0, 0
+    for logits in _peaked_rows(rng, 12):
+        best, scale = np.float64(logits.max()), 0.7**-1
+        exact = Weights.of_logits(logits, best, scale)
+        for token in [*np.argsort(logits)[-8:], *rng.integers(0, logits.shape[0], 4)]:
+            p = exact.prob(int(token))
+            for level in (p * 0.95, p * 0.99, p * 1.01, p * 1.05, p * 0.2, p * 3.0, rng.uniform()):
+                asked += 1
+                answer = Weights.of_logits(logits, best, scale).prob_exceeds(int(token), float(level))
+                if answer is not None:
+                    decided += 1
+                    if answer != (p > level):
+                        wrong.append((int(token), p, level, answer))
+    if control:
+        assert wrong, f"{control}: every answer was right, so the test would miss that bug"
+        return
+    assert not wrong, wrong[:3]
+    assert decided > 0.6 * asked, (decided, asked)
+
+
+@pytest.mark.parametrize("mode_name", ["rejection", "prompt lookup"])
+def test_rules_decide_as_with_the_total(mode_name: str, monkeypatch) -> None:
+    """The rejection rule and the one-hot rule accept and reject, check by check, exactly as they do when
+    every probability is computed from the row's total (bounds switched off), on the same seeds: only
+    where a rejection's residual draw takes another path to the same law may the emitted token differ."""
+    from localspec.core.modes import Draft, make_mode
+    from localspec.core.sampling import draft_weights
+
+    rng = np.random.default_rng(29)
+    target = _peaked_rows(rng, 9)
+    drafted = target[:8] + (rng.standard_normal(target[:8].shape) * 0.4).astype(np.float32)
+    params = SamplingParams(temperature=0.7)
+    draft = Draft(tokens=[], q_rows=[] if mode_name == "rejection" else None)
+    for row in drafted:
+        if mode_name == "rejection":
+            q = draft_weights(row, params)
+            draft.tokens.append(q.sample(rng))
+            draft.q_rows.append(q)
+        else:
+            draft.tokens.append(int(np.argmax(row)))
+
+    def verdicts() -> list[tuple]:
+        out = []
+        for seed in range(60):
+            mode = make_mode("rejection", params, np.random.default_rng(seed), target.shape[1])
+            verdict = mode.verify(draft, target, [1, 2, 3])
+            out.append((verdict.n_accepted, [(c.accepted, c.uniform) for c in verdict.checks]))
+            unknown.append(sum(c.p != c.p for c in verdict.checks))  # NaN: decided by bounds
+        return out
+
+    unknown: list[int] = []
+    with_bounds = verdicts()
+    assert sum(unknown) > 0.6 * sum(len(checks) for _, checks in with_bounds)  # most checks took the bounds
+    monkeypatch.setattr(Weights, "prob_exceeds", lambda self, token, level: None)
+    assert verdicts() == with_bounds
+    assert len({n for n, _ in with_bounds}) > 2  # the seeds reach different rows
+
+
 def test_weights_give_bit_identical_probabilities() -> None:
     rng = np.random.default_rng(7)
     logits = (rng.standard_normal(49_152) * 3).astype(np.float32)

@@ -189,6 +189,13 @@ def test_the_sampler_bench_times_llama_cpps_own_chain_on_the_same_row(demo_paths
     assert set(found) == {(t, who) for t in ("T = 0", "T = 0.7") for who in ("localspec", "llama.cpp")}
     assert all(len(per_row) == 3 and min(per_row) > 0 for per_row in found.values())
     assert against_llama_cpp_table(found, "demo").count("\n| T = ") == 2
+    from localspec.bench.sampler import real_rows, verify_table, verify_with_and_without_bounds
+
+    rows = real_rows(str(demo_paths[0]), 9)
+    assert rows.shape[0] == 9 and rows.dtype == np.float32
+    found = {(draft, 4): verify_with_and_without_bounds(rows, 4, draft, seeds=1) for draft in ("lookup", "model")}
+    assert all(min(cell["with every total"] + cell["with bounds"]) > 0 for cell in found.values())
+    assert verify_table(found, "demo").count("\n| lookup | 4 |") == 1
     one_row = against_llama_cpp(str(demo_paths[0]), repeats=2, temperatures=(1.5,))
     assert set(one_row) == {("T = 1.5", "localspec"), ("T = 1.5", "llama.cpp")}
     assert against_llama_cpp_table(one_row, "demo").count("\n| T = 1.5 |") == 1

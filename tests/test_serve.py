@@ -69,7 +69,9 @@ def test_openai_client_streams_a_chat_completion_with_every_tokens_fate(server) 
     assert {f["status"] for f in fates} <= {"accepted", "corrected", "bonus", "target"}
     assert any(f["status"] == "accepted" for f in fates)
     accepted = [f for f in fates if f["status"] == "accepted"]
-    assert all(0.0 <= f["accept_prob"] <= 1.0 and f["q"] > 0 for f in accepted)
+    assert all(f["q"] > 0 and (f["p"] is None) == (f["accept_prob"] is None) for f in accepted)
+    assert all(0.0 <= f["accept_prob"] <= 1.0 for f in accepted if f["accept_prob"] is not None)  # null: decided
+    # from bounds of the row's total, without p
     assert finish in ("stop", "length") and usage.completion_tokens == len(fates)
     assert summary["drafted"] >= summary["accepted"] > 0 and 0 < summary["acceptance_rate"] <= 1
     assert summary["tokens_per_step"] > 1

@@ -21,6 +21,7 @@ from localspec.app.invariance import InvarianceReport
 from localspec.app.trace import Trace
 from localspec.ui.app import ChatApp, ChatState
 from localspec.ui.debug_view import STEP_COLUMNS
+from localspec.ui.render import rows_by_position
 from localspec.ui.session import Session, Settings
 from tests.conftest import GEMMA, TEST_THREADS, require, run_cli
 
@@ -85,8 +86,9 @@ def test_streaming_reply_colours_every_token_with_its_fate(app, conversation):
     for _, status, i in found:
         evidence = app.evidence(f"{run.id}:{i}")
         token = run.tokens[i]
-        if status == "accepted":
-            assert f"p(token) = {token['p']:.3f}" in evidence and "uniform u = " in evidence
+        if status == "accepted":  # the rule's p, or where bounds of the row's total decided, the row's record's
+            shown = token["p"] if token["p"] is not None else rows_by_position(run.steps)[token["position"]]["p"]
+            assert f"p(token) = {shown:.3f}" in evidence and "uniform u = " in evidence
         elif status == "corrected":
             assert "residual" in evidence and "rejecting" in evidence
         elif status == "bonus":

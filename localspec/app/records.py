@@ -54,7 +54,7 @@ def position_records(step: StepEvent, decoder: SpeculativeDecoder, top: int) -> 
             draft_text=_piece(decoder, draft.tokens[i]) if is_draft_row else None,
             p=finite(check.p) if check else None,
             q=finite(check.q) if check else None,
-            accept_prob=check.accept_prob if check else None,
+            accept_prob=finite(check.accept_prob) if check else None,
             uniform=check.uniform if check else None,
             outcome=outcome,
             target_token=(check.target_token if check and check.target_token is not None else None),
@@ -79,6 +79,8 @@ def position_records(step: StepEvent, decoder: SpeculativeDecoder, top: int) -> 
                     record.top_q = _top(decoder, q_row, top)
                     if record.q is None:
                         record.q = q_row.prob(draft.tokens[i])
+                if record.accept_prob is None and record.p is not None and record.q:  # decided by bounds
+                    record.accept_prob = min(1.0, record.p / record.q)
         records.append(record)
     return records
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from localspec.core.modes import Draft, make_mode
-from localspec.core.sampling import SamplingParams
+from localspec.core.sampling import SamplingParams, draft_weights
+from localspec.core.weights import Weights
 
 VOCABS = (49_152, 151_936, 262_144)
 KS = (4, 8)
@@ -152,6 +153,67 @@ def against_llama_cpp_table(found: dict[tuple[str, str], list[float]], vocab_not
     return "\n".join(lines)
 
 
+def real_rows(path: str, n_rows: int) -> np.ndarray:
+    """``n_rows`` output rows of a model's greedy reply to the GPU bench's context (copies, float32)."""
+    from localspec.app.config import load_config
+    from localspec.app.engine import llama_settings, load_model
+    from localspec.bench.gpu import CONTEXT_TEXT
+
+    model = load_model(path, llama_settings(load_config()), "target")
+    try:
+        rows = [model.extend(model.tokenize(CONTEXT_TEXT), 1)[0]]
+        while len(rows) < n_rows:
+            rows.append(model.extend([int(np.argmax(rows[-1]))], 1)[0])
+        return np.stack(rows)
+    finally:
+        model.close()
+
+
+def verify_with_and_without_bounds(rows: np.ndarray, k: int, draft: str, seeds: int = 5,
+                                   temperature: float = 0.7) -> dict[str, tuple[float, float]]:  # fmt: skip
+    """The rejection mode's verification of ``k`` drafts on windows of real rows: a lookup draft (each row's
+    argmax, the one-hot rule) or a model draft (drawn from the rows with noise added, the rejection rule),
+    decided from bounds of each row's total (as shipped) and with every total computed (the bounds turned
+    off), in turn on each window and seed. Median and mean µs of each, and the mean accepted."""
+    params = SamplingParams(temperature=temperature)
+    exact, shipped = (lambda self, token, level: None), Weights.prob_exceeds
+    times: dict[str, list[float]] = {"with every total": [], "with bounds": []}
+    accepted = []
+    for start in range(0, rows.shape[0] - k, max(1, k)):
+        target = rows[start : start + k + 1]
+        if draft == "lookup":
+            proposal = Draft(tokens=[int(np.argmax(row)) for row in target[:k]], q_rows=None)
+        else:
+            noise = np.random.default_rng(start).standard_normal(target[:k].shape).astype(np.float32)
+            q_rows = [draft_weights(row, params) for row in target[:k] + noise * np.float32(0.5)]
+            tokens = [q.sample(np.random.default_rng(start + i)) for i, q in enumerate(q_rows)]
+            proposal = Draft(tokens=tokens, q_rows=q_rows)
+        for seed in range(seeds):
+            for name, decide in (("with every total", exact), ("with bounds", shipped)):
+                Weights.prob_exceeds = decide
+                try:
+                    mode = make_mode("rejection", params, np.random.default_rng(seed), target.shape[1])
+                    began = time.perf_counter()
+                    verdict = mode.verify(proposal, target, [0])
+                    times[name].append(time.perf_counter() - began)
+                finally:
+                    Weights.prob_exceeds = shipped
+            accepted.append(verdict.n_accepted)
+    out = {name: (statistics.median(t) * 1e6, statistics.fmean(t) * 1e6) for name, t in times.items()}
+    out["accepted"] = (float(np.mean(accepted)), 0.0)
+    return out
+
+
+def verify_table(found: dict[tuple[str, int], dict[str, tuple[float, float]]], note: str) -> str:
+    lines = [f"| a verification step on real rows ({note}) | K | mean accepted | every total computed: median / "
+             "mean (µs) | from bounds: median / mean (µs) |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for (draft, k), cell in found.items():
+        (a_med, a_mean), (b_med, b_mean) = cell["with every total"], cell["with bounds"]
+        lines.append(f"| {draft} | {k} | {cell['accepted'][0]:.2f} | {a_med:,.0f} / {a_mean:,.0f} | "
+                     f"{b_med:,.0f} / {b_mean:,.0f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localspec.bench sampler", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=30, help="timed verification steps per cell")
@@ -165,7 +227,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --against-llama-cpp: this many rows of the model's greedy reply")  # fmt: skip
     parser.add_argument("-t", "--temperature", type=float, action="append",
                         help="with --against-llama-cpp: a temperature (repeatable; default 0 and 0.7)")  # fmt: skip
+    parser.add_argument("--verify-rows", metavar="GGUF", default=None,
+                        help="instead: the rejection mode's verification on this model's real rows (--rows of "
+                             "them), decided from bounds of each row's total against every total computed")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.verify_rows:
+        rows = real_rows(args.verify_rows, max(args.rows, 16))
+        found = {(draft, k): verify_with_and_without_bounds(rows, k, draft)
+                 for draft in ("lookup", "model") for k in tuple(args.k or KS)}  # fmt: skip
+        print(verify_table(found, f"{Path(args.verify_rows).name}, {rows.shape[0]} rows, T = 0.7"))
+        return 0
     if args.against_llama_cpp:
         temperatures = tuple(args.temperature or (0.0, 0.7))
         found = against_llama_cpp(args.against_llama_cpp, args.repeats, temperatures, args.rows)

@@ -296,7 +296,7 @@ def _token_event(
     if offset < len(verdict.checks):  # accepted draft token, or the correction of a rejected one
         check = verdict.checks[offset]
         event.p, event.q = finite(check.p), finite(check.q)
-        event.accept_prob, event.uniform = check.accept_prob, check.uniform
+        event.accept_prob, event.uniform = finite(check.accept_prob), check.uniform
         if status is TokenStatus.CORRECTED:
             event.rejected_token = check.token
     return event

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec.core.weights import Weights, dense_of, prob_of, residual_of, sample_index
+from localspec.core.weights import Weights, dense_of, prob_exceeds, prob_of, residual_of, sample_index
 
 #: Draws from ``p`` a rejection tries before it computes its residual (see :func:`draw_from_residual`).
 RESIDUAL_DRAWS = 4
@@ -77,13 +77,17 @@ def verify_rejection(
     for i, token in enumerate(draft):
         p_row = p_rows[i]
         q_row = q_rows[i]
-        p_tok = prob_of(p_row, token)
         q_tok = prob_of(q_row, token)
         if q_tok <= 0.0:
             raise ValueError(f"draft token {token} has q = 0 at draft position {i}: it cannot have been sampled from q")
-        accept_prob = min(1.0, p_tok / q_tok)
         u = float(rng.random())
-        accepted = u < accept_prob
+        accepted = prob_exceeds(p_row, token, u * q_tok)  # u < p / q, where bounds of p's total settle it
+        if accepted is None:
+            p_tok = prob_of(p_row, token)
+            accept_prob = min(1.0, p_tok / q_tok)
+            accepted = u < accept_prob
+        else:
+            p_tok = accept_prob = float("nan")
         checks.append(DraftCheck(token, p_tok, q_tok, accept_prob, u, accepted))
         if not accepted:
             token, mass = draw_from_residual(p_row, lambda t: prob_of(q_row, t), rng, lambda: residual_of(p_row, q_row))
@@ -105,14 +109,15 @@ def verify_onehot(
     checks: list[DraftCheck] = []
     for i, token in enumerate(draft):
         p_row = p_rows[i]
-        p_tok = prob_of(p_row, token)
         u = float(rng.random())
-        accepted = u < p_tok
+        accepted = prob_exceeds(p_row, token, u)  # u < p, where bounds of p's total settle it
+        p_tok = prob_of(p_row, token) if accepted is None else float("nan")
+        accepted = u < p_tok if accepted is None else accepted
         checks.append(DraftCheck(token, p_tok, 1.0, p_tok, u, accepted))
         if not accepted:
             drafted = token
             token, _ = draw_from_residual(p_row, lambda t: float(t == drafted), rng, lambda: _without(p_row, drafted))
-            return Verdict(i, token, False, checks, residual_mass=1.0 - p_tok)
+            return Verdict(i, token, False, checks, residual_mass=finite(1.0 - p_tok))
     return Verdict(len(draft), sample_index(p_rows[len(draft)], rng), True, checks)
 
 
@@ -135,8 +140,12 @@ def draw_from_residual(
     """
     for _ in range(RESIDUAL_DRAWS):
         x = sample_index(p_row, rng)
-        p_x = prob_of(p_row, x)
-        if rng.random() * p_x < p_x - q_prob(x):
+        r, q_x = rng.random(), q_prob(x)
+        kept = prob_exceeds(p_row, x, q_x / (1.0 - r))  # r * p < p - q, where bounds of p's total settle it
+        if kept is None:
+            p_x = prob_of(p_row, x)
+            kept = r * p_x < p_x - q_x
+        if kept:
             return x, None
     row = residual()
     return sample_index(row, rng), row.total

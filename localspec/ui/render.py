@@ -53,12 +53,19 @@ def quote_piece(text: str | None) -> str:
     return f"'{shown}'"
 
 
+def _known(token: dict[str, Any], row: dict[str, Any], key: str) -> float | None:
+    """A token's ``p`` or acceptance probability: the rule's, or where bounds of the row's total decided
+    without it, its row's record's."""
+    value = token.get(key)
+    return value if value is not None else row.get(key)
+
+
 def token_tooltip(token: dict[str, Any], rows_by_position: dict[int, dict[str, Any]] | None = None) -> str:
     """The evidence behind one token's fate, as plain text (escaped later by the caller)."""
     status = token.get("status", "target")
-    p, q = token.get("p"), token.get("q")
-    accept, uniform = token.get("accept_prob"), token.get("uniform")
-    row = (rows_by_position or {}).get(token.get("position"))
+    row = (rows_by_position or {}).get(token.get("position")) or {}
+    p, q = _known(token, row, "p"), token.get("q")
+    accept, uniform = _known(token, row, "accept_prob"), token.get("uniform")
     where = f"token #{token.get('index', 0) + 1}, step {token.get('step', 0) + 1}"
     if status == "accepted":
         parts = [f"accepted draft token ({where})", f"p(token) = {_fmt(p)} · q(token) = {_fmt(q)}"]
