@@ -7,15 +7,18 @@ pass lazy sequences that compute a row only when the rule looks at it (greedy
 needs no softmax at all; rejection never looks past the first rejection).
 
 Rows may be dense probability arrays or :class:`~localspec.core.weights.Weights`
-(unnormalised, the hot path): a rule reads single probabilities; after a
-rejection, the token is drawn from ``p`` and kept with the residual's share of
-it (:func:`draw_from_residual`), and only where a few draws keep nothing is the
-residual computed: for the rejection rule another unnormalised row, slice by
-slice, for the one-hot rule a full normalised row.
+(unnormalised, the hot path): a rule compares single probabilities with its
+uniforms, from bounds of the row's total where they settle the comparison (the
+exact comparison's answer, without the float64 pass over the row: docs/design.md,
+"Decisions without the total"); after a rejection, the token is drawn from ``p``
+and kept with the residual's share of it (:func:`draw_from_residual`), and only
+where a few draws keep nothing is the residual computed: for the rejection rule
+another unnormalised row, slice by slice, for the one-hot rule a full normalised row.
 
 Every function returns a :class:`Verdict` with the number of accepted draft
 tokens, the one token the target emits after them (correction or bonus), and
-one :class:`DraftCheck` per examined draft token for traces and the UI.
+one :class:`DraftCheck` per examined draft token for traces and the UI (its
+``p`` is NaN where the bounds decided).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class DraftCheck:
     """The evidence behind one draft token's fate."""
 
     token: int
-    p: float  # target probability of the draft token (nan where the rule needs none)
+    p: float  # target probability of the draft token (nan where the rule needs none or bounds decided)
     q: float  # draft probability it was sampled with (1.0 for a deterministic drafter)
     accept_prob: float  # probability this rule accepted it with
     uniform: float | None  # the uniform that decided it (None: decided without one)
