@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +91,25 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _load_target(path: str):
+    """``path`` loaded as a target with the config's settings (a :class:`~localspec.llama.model.LlamaModel`)."""
+    from localspec.app.config import load_config
+    from localspec.app.engine import llama_settings, load_model
+
+    return load_model(path, llama_settings(load_config()), "target")
+
+
+def _greedy_reply_rows(model, n_rows: int) -> Iterator[np.ndarray]:
+    """The ``(1, V)`` output row of each of the first ``n_rows`` steps of ``model``'s greedy reply to the GPU
+    bench's context: llama.cpp's own output buffer (borrowed), valid until the next row is asked for."""
+    from localspec.bench.gpu import CONTEXT_TEXT
+
+    rows = model.extend(model.tokenize(CONTEXT_TEXT), 1, borrow=True)
+    for _ in range(n_rows):
+        yield rows
+        rows = model.extend([int(np.argmax(rows[0]))], 1, borrow=True)
+
+
 def against_llama_cpp(path: str, repeats: int, temperatures: tuple[float, ...] = (0.0, 0.7),
                       n_rows: int = 1) -> dict[tuple[str, str], list[float]]:  # fmt: skip
     """A target-only token's draw on real output rows: localspec's (the mode's verification of no draft) against
@@ -97,23 +117,19 @@ def against_llama_cpp(path: str, repeats: int, temperatures: tuple[float, ...] =
     distribution). The rows are those of the model's own greedy reply to the GPU bench's context, ``n_rows`` of
     them: how peaked a row is decides what a draw costs. Interleaved on each row; the median µs of each row, by
     (temperature, whose)."""
-    from localspec.app.config import load_config
-    from localspec.app.engine import llama_cpp_sampler, llama_settings, load_model
-    from localspec.bench.gpu import CONTEXT_TEXT
+    from localspec.app.engine import llama_cpp_sampler
 
-    model = load_model(path, llama_settings(load_config()), "target")
+    model = _load_target(path)
     samplers = {t: llama_cpp_sampler(t) for t in temperatures}
     try:
-        context = model.tokenize(CONTEXT_TEXT)
-        rows = model.extend(context, 1, borrow=True)  # llama.cpp's output row, which its sampler reads too
         per_row: dict[tuple[str, str], list[float]] = {}
-        for _ in range(n_rows):
+        for rows in _greedy_reply_rows(model, n_rows):  # llama.cpp's output row, which its sampler reads too
             draws = {}
             for t, sampler in samplers.items():
                 params = SamplingParams(temperature=t)
                 mode = make_mode("target-only", params, np.random.default_rng(0), model.vocab_size)
                 no_draft = Draft(tokens=[], q_rows=[])
-                draws[(f"T = {t:g}", "localspec")] = lambda mode=mode, rows=rows: mode.verify(no_draft, rows, context)
+                draws[(f"T = {t:g}", "localspec")] = lambda mode=mode, rows=rows: mode.verify(no_draft, rows, [0])
                 draws[(f"T = {t:g}", "llama.cpp")] = lambda sampler=sampler: sampler.sample(model)
             times: dict[tuple[str, str], list[float]] = {key: [] for key in draws}
             for _ in range(repeats + 1):  # the first round warms up and is not kept
@@ -123,9 +139,6 @@ def against_llama_cpp(path: str, repeats: int, temperatures: tuple[float, ...] =
                     times[key].append(time.perf_counter() - began)
             for key, values in times.items():
                 per_row.setdefault(key, []).append(statistics.median(values[1:]) * 1e6)
-            token = int(np.argmax(rows[0]))  # the reply goes on greedily
-            context.append(token)
-            rows = model.extend([token], 1, borrow=True)
         return per_row
     finally:
         for sampler in samplers.values():
@@ -155,16 +168,9 @@ def against_llama_cpp_table(found: dict[tuple[str, str], list[float]], vocab_not
 
 def real_rows(path: str, n_rows: int) -> np.ndarray:
     """``n_rows`` output rows of a model's greedy reply to the GPU bench's context (copies, float32)."""
-    from localspec.app.config import load_config
-    from localspec.app.engine import llama_settings, load_model
-    from localspec.bench.gpu import CONTEXT_TEXT
-
-    model = load_model(path, llama_settings(load_config()), "target")
+    model = _load_target(path)
     try:
-        rows = [model.extend(model.tokenize(CONTEXT_TEXT), 1)[0]]
-        while len(rows) < n_rows:
-            rows.append(model.extend([int(np.argmax(rows[-1]))], 1)[0])
-        return np.stack(rows)
+        return np.concatenate([rows.copy() for rows in _greedy_reply_rows(model, n_rows)])  # before the next decode
     finally:
         model.close()
 

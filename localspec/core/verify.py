@@ -114,8 +114,11 @@ def verify_onehot(
         p_row = p_rows[i]
         u = float(rng.random())
         accepted = prob_exceeds(p_row, token, u)  # u < p, where bounds of p's total settle it
-        p_tok = prob_of(p_row, token) if accepted is None else float("nan")
-        accepted = u < p_tok if accepted is None else accepted
+        if accepted is None:
+            p_tok = prob_of(p_row, token)
+            accepted = u < p_tok
+        else:
+            p_tok = float("nan")
         checks.append(DraftCheck(token, p_tok, 1.0, p_tok, u, accepted))
         if not accepted:
             drafted = token

@@ -399,8 +399,7 @@ class Weights:
     def _total_bounds(self) -> tuple[float, float] | None:
         """Bounds ``low <= total <= high`` from the row's head (computed once; None for a flat row): the
         head's weights summed, the tokens between the head's ``1 / V`` cut and a ``1 / V**2`` cut counted
-        and each bounded by the first cut's weight, every other token by the second's. On the real
-        target's rows at T = 0.7 they lie within 1 % of each other at the median (docs/design.md,
+        and each bounded by the first cut's weight, every other token by the second's (docs/design.md,
         "Decisions without the total")."""
         if self._bounds is None:
             self._bounds = False
