@@ -162,6 +162,12 @@ def test_a_second_tab_waits_and_its_stop_cancels_the_queued_request(page, ui_ser
             print("LAST:", page.locator("#ls-chat-log").inner_text()[-600:])
             print("NOTICE:", page.locator("#ls-notice").inner_text() if page.locator("#ls-notice").count() else None)
             raise
+        # the stats panel follows the reply while it streams (the same response brings tokens and stats)
+        page.wait_for_function(
+            "(() => { const v = document.querySelector('#ls-stats [data-stat=tps] .ls-card-v');"
+            " return document.querySelector('#ls-chat-log .ls-cursor') && v && /\\d/.test(v.textContent); })()",
+            timeout=60_000,
+        )
         page.locator("#ls-stop").click()  # the first reply ends within one step and the queue moves on
         page.wait_for_function("!document.querySelector('#ls-chat-log .ls-cursor')", timeout=60_000)
         assert "stopped" in page.locator("#ls-chat-log .ls-assistant").last.inner_text()
@@ -199,15 +205,14 @@ IDLE_FRAMES_JS = "async () => { const before = window.lsFrames; await new Promis
                  "return window.lsFrames - before; }"  # fmt: skip
 
 
-def test_an_idle_page_draws_no_frames(chromium, ui_server):
+def test_an_idle_page_draws_no_frames(page, ui_server):
     """Issue 39: Gradio's status tracker ran a timer on every animation frame (60 a second) while the page
     sat idle, and on two shared cores the model paid for it. The page puts a script before Gradio's own
     that makes that timer tick every 5 s: over 4 s of an idle chat, at most one tick's short tween (about
     24 frames). Control: the same page with that script taken out of its HTML asks for a frame every
     1/60 s, twice over (the timer and its tween: about 480 in 4 s)."""
-    from playwright.sync_api import sync_playwright
-
     url, _proc, _log = ui_server
+    browser = page.context.browser  # the module's Chromium: one Playwright per process
 
     def idle_frames(strip_early_script: bool) -> int:
         context = browser.new_context(viewport={"width": 1440, "height": 1000})
@@ -231,10 +236,5 @@ def test_an_idle_page_draws_no_frames(chromium, ui_server):
         context.close()
         return frames
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(chromium), args=ARGS, headless=True)
-        try:
-            assert idle_frames(strip_early_script=False) <= 60
-            assert idle_frames(strip_early_script=True) >= 150  # the control: Gradio alone
-        finally:
-            browser.close()
+    assert idle_frames(strip_early_script=False) <= 60
+    assert idle_frames(strip_early_script=True) >= 150  # the control: Gradio alone

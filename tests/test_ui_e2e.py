@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import time
 
+import httpx
 import psutil
 import pytest
 from gradio_client import Client
@@ -82,3 +84,22 @@ def test_a_second_conversation_queues_behind_the_first(ui_server):
     wait_for(job2.done, "the second reply after the first was stopped")
     chat_html, _stats, notice = job2.outputs()[-1]
     assert notice == "" and STATUS.search(chat_html)
+
+
+def test_a_page_that_leaves_mid_reply_ends_it(ui_server):
+    """The page reads a reply's updates from one response (``/localspec/stream``) to the reply's end; a
+    client that closes it mid-reply is a tab gone away, and the server ends the reply within a step
+    instead of letting it run on to its length and hold the engine."""
+    url, proc, log = ui_server
+    client = Client(url, verbose=False)
+    # target-only and greedy on a prompt the demo target answers for thousands of tokens without an EOS
+    job = client.submit("Tell me about the moon.", "target-only", 0.0, 0, 1.0, 0.0, 4, 1, 3000, "", False,
+                        api_name="/chat")  # fmt: skip
+    wait_for(lambda: re.search(r'data-reply="([^"]+)"', (job.outputs() or [("",)])[-1][0]), "the reply started")
+    reply = re.search(r'data-reply="([^"]+)"', job.outputs()[-1][0]).group(1)
+    with httpx.stream("GET", f"{url}/localspec/stream", params={"reply": reply}, timeout=60) as answer:
+        first = json.loads(next(answer.iter_lines()))
+    assert first["done"] is False and "stats" in first
+    wait_for(job.done, "the reply to end once its reader left")
+    final = job.outputs()[-1][0]
+    assert "ls-chip-stop" in final and len(STATUS.findall(final)) < 3000, "the page leaving ended it, not its length"

@@ -8,6 +8,7 @@ history, traces that round-trip, replay verdicts).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -72,7 +73,7 @@ def test_streaming_reply_colours_every_token_with_its_fate(app, conversation):
     found = spans(final.chat)
     # the conversation goes to the page when the reply starts (naming it, so the page asks for its tokens)
     # and when it ends; in between, only the stats
-    assert json.loads(outputs[0].stream) == {"reply": run.id, "turn": 0}
+    assert json.loads(outputs[0].stream) == {"reply": run.id}
     assert all(o.chat is None and o.stream is None for o in outputs[1:-1])
     statuses = {status for _, status, _ in found}
     assert statuses <= {"accepted", "corrected", "bonus", "target"}
@@ -107,31 +108,61 @@ def test_streaming_reply_colours_every_token_with_its_fate(app, conversation):
     assert "ls-verdict" in stats_html
 
 
-def test_the_page_asks_for_a_streaming_replys_tokens_and_gets_them_all(app):
-    """While a reply streams, each poll brings the operations since the page's last, at once when there are
-    any; applied in order they leave the bubble as the finished reply's full render. Then: over."""
+def read_updates(app: ChatApp, reply: str, lines: int | None = None) -> list[dict]:
+    """The page's reading of a reply's updates (ChatApp.updates): every line, or the first ``lines`` and then
+    leaving, as a page that went away."""
+
+    async def read() -> list[dict]:
+        found, updates = [], app.updates(reply)
+        async for line in updates:
+            found.append(json.loads(line))
+            if len(found) == lines:
+                await updates.aclose()
+                break
+        return found
+
+    return asyncio.run(read())
+
+
+def test_the_page_reads_a_streaming_replys_tokens_and_stats_and_gets_them_all(app):
+    """While a reply streams, the page reads one response: lines with the operations since the last and,
+    now and then, the stats panel; applied in order they leave the bubble as the finished reply's full
+    render. The last line says it is over and carries the final stats."""
     from .test_ui_stream import Bubble
 
     state = ChatState()
-    stream = app.respond("Tell me a long story about a dragon.", state, settings(max_tokens=120), key="t-poll")
+    stream = app.respond("Tell me a long story about a dragon.", state, settings(max_tokens=120), key="t-poll",
+                         every=None)  # fmt: skip
     reply = json.loads(next(stream).stream)["reply"]
-    bubble, answers = Bubble(), []
-    while True:
-        answer = json.loads(app.poll(f"{reply}:{bubble.seq}"))
-        answers.append(len(answer["ops"]))
-        bubble.apply(answer["ops"])
-        assert not bubble.stale
-        if answer["done"]:
-            break
-    final = list(stream)[-1]
+    updates = read_updates(app, reply)
+    bubble = Bubble()
+    bubble.apply([op for update in updates for op in update["ops"]])
+    assert not bubble.stale
+    final = list(stream)
+    assert len(final) == 1, "no update of the page's between the first and the last: the page reads them"
     run = state.turns[-1].trace
-    assert len(run.tokens) == 120 and len(answers) > 1, answers  # it streamed in several answers
+    assert len(run.tokens) == 120 and not updates[0]["done"] and updates[-1]["done"]
+    assert [u["done"] for u in updates].count(True) == 1
+    assert 'data-stat="tps"' in updates[-1]["stats"] and updates[-1]["stats"] == final[-1].stats
     body = re.search(
-        f'data-reply="{reply}"><div class="ls-bubble">(.*?)</div><div class="ls-footer">', final.chat, re.DOTALL
+        f'data-reply="{reply}"><div class="ls-bubble">(.*?)</div><div class="ls-footer">', final[-1].chat, re.DOTALL
     ).group(1)
     assert bubble.html() == re.sub(r' data-b="\d+"', "", body) != ""
-    assert json.loads(app.poll(f"{reply}:0")) == {"ops": [], "done": True}  # over: the final render shows it
-    assert json.loads(app.poll("no-such-reply:0"))["done"]
+    assert read_updates(app, reply) == [{"ops": [], "done": True}]  # over: the final render shows it
+    assert read_updates(app, "no-such-reply") == [{"ops": [], "done": True}]
+
+
+def test_a_page_that_leaves_mid_reply_ends_the_reply_within_a_step(app):
+    """The page reads a reply's updates to its end; a response left before (the tab closed or reloaded) tells
+    the server the page went away, and the reply ends as Stop ends it, instead of running to its length."""
+    state = ChatState()
+    app.queue_message("Tell me a long story about a dragon.", state, key="t-leave")
+    stream = app.respond("Tell me a long story about a dragon.", state, settings(max_tokens=400), key="t-leave",
+                         every=None)  # fmt: skip
+    reply = json.loads(next(stream).stream)["reply"]
+    assert not read_updates(app, reply, lines=1)[0]["done"]
+    final = list(stream)[-1]
+    assert state.turns[-1].trace.result["stop_reason"] == "cancelled" and "stopped" in final.chat
 
 
 def test_second_turn_reuses_plain_history(conversation):

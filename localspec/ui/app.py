@@ -17,13 +17,14 @@ import os
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # before gradio is imported: no telemetry, no version check
 
+import asyncio  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 import weakref  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
+from collections.abc import AsyncIterator, Callable, Iterator  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, NamedTuple
@@ -42,14 +43,12 @@ from .render import LiveReply, legend, notice_html, render_conversation, rows_by
 from .session import PANEL, ReplayReport, Session, Settings, timestamped_trace_path  # noqa: E402
 from .theme import EARLY_JS, STREAM_JS  # noqa: E402
 
-# While a reply streams, the page asks for its new tokens every STREAM_INTERVAL_S (a request answered as soon
-# as there are any, or after POLL_WAIT_S), and its stats come through Gradio every STATS_INTERVAL_S. Every update
-# costs the browser CPU, and on a machine whose cores run llama.cpp that time is taken from the model
-# (docs/performance.md, "The chat UI at the engine's speed").
+# While a reply streams, the page reads one response (ChatApp.updates) that brings its new tokens every
+# STREAM_INTERVAL_S and its stats every STATS_INTERVAL_S, both applied in one frame. Every update costs the
+# browser CPU, and on a machine whose cores run llama.cpp that time is taken from the model (docs/performance.md,
+# "The chat UI at the engine's speed").
 STREAM_INTERVAL_S = 0.25
 STATS_INTERVAL_S = 0.5
-POLL_WAIT_S = 1.0
-POLL_STEP_S = 0.03
 
 
 @dataclass
@@ -73,7 +72,15 @@ class Update(NamedTuple):
     notice: str | None
     state: ChatState
     textbox: str | None
-    stream: str | None  # when a reply starts: its id and turn, so the page asks for its tokens (:meth:`ChatApp.poll`)
+    stream: str | None  # when a reply starts: its id and turn, so the page reads its updates (:meth:`ChatApp.updates`)
+
+
+@dataclass
+class _Streaming:
+    """A reply that streams now: what the page was sent of it, and the Stop that ends it."""
+
+    reply: LiveReply
+    cancel: threading.Event
 
 
 class ChatApp:
@@ -85,7 +92,7 @@ class ChatApp:
         self._replies: weakref.WeakValueDictionary[str, Trace] = (
             weakref.WeakValueDictionary()
         )  # while a chat holds them
-        self._live: dict[str, LiveReply] = {}  # the replies streaming now, by id
+        self._live: dict[str, _Streaming] = {}  # the replies streaming now, by id
         self._busy = threading.Event()
 
     # --- chat ------------------------------------------------------------
@@ -103,10 +110,11 @@ class ChatApp:
         return "", render_conversation(state.turns, pending=message, busy=self._busy.is_set()), message
 
     def respond(self, message: str, state: ChatState, settings: Settings, key: str = "default",
-                every: float = STATS_INTERVAL_S) -> Iterator[Update]:  # fmt: skip
-        """Stream a reply: the conversation once with the new turn, then the stats now and then, then the
-        conversation once more, finished. In between the page asks :meth:`poll` for the tokens, so its cost per
-        token does not grow with the reply; the reply runs on a thread of its own and never waits for the page."""
+                every: float | None = STATS_INTERVAL_S) -> Iterator[Update]:  # fmt: skip
+        """Stream a reply: the conversation once with the new turn, then the stats every ``every`` seconds,
+        then the conversation once more, finished. The page passes ``every=None`` and reads the tokens and
+        stats in between from :meth:`updates`, so its cost per token does not grow with the reply; the reply
+        runs on a thread of its own and never waits for the page."""
         message = (message or "").strip()
         if not message:
             yield Update(render_conversation(state.turns), self._stats(state), "", state, "", None)
@@ -130,14 +138,14 @@ class ChatApp:
             trace = state.turns[-1].trace
             state.view, state.selected = trace, None
             self._replies[trace.id] = trace
-            self._live[trace.id] = LiveReply()
+            self._live[trace.id] = _Streaming(LiveReply(), cancel)
             info = notice_html(trace.notice, "info") if trace.notice else ""
-            started = json.dumps({"reply": trace.id, "turn": len(state.turns) - 1})  # the page starts asking
+            started = json.dumps({"reply": trace.id})  # the page starts reading its updates
             done = threading.Event()
             threading.Thread(target=_run_reply, args=(events, trace, done), name="localspec-reply", daemon=True).start()
             try:
                 yield Update(render_conversation(state.turns), self._stats(state), info, state, "", started)
-                while not done.wait(every):
+                while not done.wait(every):  # every=None: one wait, to the reply's end
                     yield Update(None, self._stats(state), None, state, None, None)
             finally:
                 if not done.is_set():  # the page went away mid-reply: end it within a step, as Stop does
@@ -149,22 +157,34 @@ class ChatApp:
         finally:
             self._busy.clear()
 
-    def poll(self, where: str) -> str:
-        """What the page asks while a reply streams (``"reply id:last operation it applied"``): the operations
-        since then, as JSON, once there are any (waiting up to ``POLL_WAIT_S``), and whether the reply is over.
-        The page asks again after ``STREAM_INTERVAL_S``, so updates cost the browser a request, not an event."""
-        reply_id, _, seq = where.partition(":")
-        deadline = time.perf_counter() + POLL_WAIT_S
-        while True:
-            live, run = self._live.get(reply_id), self._replies.get(reply_id)
-            if live is None or run is None:
-                return json.dumps({"ops": [], "done": True})  # over (the final render shows it) or unknown
-            over = run.result is not None or bool(run.error)  # its last tokens came before its result
-            live.update(run.tokens)
-            ops = live.ops_after(int(seq or 0))
-            if ops or over or time.perf_counter() >= deadline:
-                return json.dumps({"ops": ops, "done": over})
-            time.sleep(POLL_STEP_S)
+    async def updates(self, reply_id: str) -> AsyncIterator[str]:
+        """What the page reads while a reply streams: one JSON line every ``STREAM_INTERVAL_S`` with the
+        operations since the last line (``ops``, numbered from 1), the stats panel every ``STATS_INTERVAL_S``
+        (``stats``), and whether the reply is over (``done``). One response, not a request per update: a
+        request cost the browser about four times what a line of a response does. The page reads it to the
+        reply's end, so a response that ends before is a page gone away, and the reply ends within a step,
+        as Stop ends it."""
+        streaming, run = self._live.get(reply_id), self._replies.get(reply_id)
+        if streaming is None or run is None:
+            yield json.dumps({"ops": [], "done": True}) + "\n"  # over (the final render shows it) or unknown
+            return
+        sent, stats_due, over = 0, 0.0, False
+        try:
+            while not over:
+                over = run.result is not None or bool(run.error)  # its last tokens came before its result
+                streaming.reply.update(run.tokens)
+                update: dict[str, Any] = {"ops": streaming.reply.ops_after(sent), "done": over}
+                sent += len(update["ops"])
+                if over or time.perf_counter() >= stats_due:
+                    update["stats"] = stats_html(self.session.speed(run))
+                    stats_due = time.perf_counter() + STATS_INTERVAL_S
+                if update["ops"] or "stats" in update:
+                    yield json.dumps(update) + "\n"
+                if not over:
+                    await asyncio.sleep(STREAM_INTERVAL_S)
+        finally:
+            if not over:
+                streaming.cancel.set()
 
     def evidence(self, where: str) -> str:
         """The evidence behind one token of a reply in a chat (``"reply id:token index"``), as its hover shows it;
@@ -504,15 +524,15 @@ def _inserting_after_head(asgi, tag: bytes):
 
 
 def add_stream_routes(server_app, app: ChatApp) -> None:
-    """What the page asks outside Gradio's events while a reply streams (its new tokens) and when a token
-    is hovered (its evidence), as plain routes beside Gradio's. A Gradio event, server functions
+    """What the page reads outside Gradio's events while a reply streams (its tokens and stats) and asks when a
+    token is hovered (its evidence), as plain routes beside Gradio's. A Gradio event, server functions
     included, marks its component pending while it runs, and Gradio's status tracker then runs a timer
-    every frame: with a poll always outstanding the page drew 60 frames a second for the whole reply."""
-    from fastapi.responses import PlainTextResponse, Response
+    every frame: with an update always outstanding the page drew 60 frames a second for the whole reply."""
+    from fastapi.responses import PlainTextResponse, StreamingResponse
 
-    @server_app.get("/localspec/poll")
-    def poll(at: str = "") -> Response:  # a plain function: FastAPI runs it on a worker thread (it waits)
-        return Response(app.poll(at), media_type="application/json")
+    @server_app.get("/localspec/stream")
+    def stream(reply: str = "") -> StreamingResponse:
+        return StreamingResponse(app.updates(reply), media_type="application/x-ndjson")
 
     @server_app.get("/localspec/evidence")
     def evidence(at: str = "") -> PlainTextResponse:
@@ -558,7 +578,7 @@ def _wire_chat(app: ChatApp, ui: _Chat, debug: _Debug, state, pending, badge) ->
 
     def respond(msg, st, *values_and_request):
         *values, request = values_and_request
-        for update in app.respond(msg, st, Settings.from_panel(*values), _key(request)):
+        for update in app.respond(msg, st, Settings.from_panel(*values), _key(request), every=None):
             yield tuple(gr.skip() if value is None else value for value in update)
 
     _takes_request(respond, 2 + len(ui.settings))

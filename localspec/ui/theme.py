@@ -131,11 +131,11 @@ tr.ls-top-chosen td { font-weight: 700; background: rgba(234,179,8,.14); }
 """
 
 # The hidden stream component's js_on_load (Gradio runs it once, with ``watch`` and ``props``).
-# When a reply starts, the component's value names it, and the page asks the server for its new tokens
-# (ChatApp.poll, through a plain route: ui/app.py add_stream_routes) every STREAM_INTERVAL_MS until it is
-# over, applying each operation (ui/render.py: LiveReply) to the reply's bubble: keep a prefix of its
-# blocks (and of one block's tokens), drop the rest, append what is new. A hovered token's evidence is
-# asked of the server (ChatApp.evidence).
+# When a reply starts, the component's value names it, and the page reads the reply's updates
+# (ChatApp.updates, through a plain route: ui/app.py add_stream_routes) to its end: each line's operations
+# (ui/render.py: LiveReply) are applied to the reply's bubble — keep a prefix of its blocks (and of one
+# block's tokens), drop the rest, append what is new — and its stats replace the stats panel's content,
+# in one task, so one frame draws both. A hovered token's evidence is asked of the server (ChatApp.evidence).
 STREAM_JS = """
 async function ask(what, at) {  // ui/app.py: add_stream_routes
   const answer = await fetch('localspec/' + what + '?at=' + encodeURIComponent(at));
@@ -192,29 +192,47 @@ function applyOp(bubble, op) {
   return true;
 }
 
-let following = null;  // the reply whose tokens the page is asking for
-async function follow(reply, turn) {
-  following = reply;
-  let seq = 0;
-  while (following === reply) {
-    const asked = performance.now();
-    let answer;
-    try { answer = JSON.parse(await ask('poll', reply + ':' + seq)); } catch (e) { return; }
-    const bubble = document.querySelector('#ls-chat-log [data-reply="' + reply + '"] .ls-bubble');
-    if (!bubble || !bubble.querySelector(':scope > .ls-cursor')) return;  // gone, or already rendered whole
-    for (const op of answer.ops) {
-      if (op.seq !== seq + 1 || !applyOp(bubble, op)) return;  // the final render shows it whole
+function applyUpdate(reply, update, seq) {  // the sequence number of the last operation applied
+  const bubble = document.querySelector('#ls-chat-log [data-reply="' + reply + '"] .ls-bubble');
+  if (bubble && bubble.querySelector(':scope > .ls-cursor') && seq !== null) {  // else: the final render shows it
+    for (const op of update.ops) {
+      if (op.seq !== seq + 1 || !applyOp(bubble, op)) { seq = null; break; }
       seq = op.seq;
     }
-    if (answer.done) return;
-    const wait = STREAM_INTERVAL_MS - (performance.now() - asked);
-    if (wait > 0) await new Promise(function (resolve) { setTimeout(resolve, wait); });
+  }
+  const stats = update.stats && document.getElementById('ls-stats');
+  if (stats) {
+    const fresh = document.createElement('template');
+    fresh.innerHTML = update.stats;
+    stats.replaceChildren(...fresh.content.firstElementChild.childNodes);
+  }
+  return seq;
+}
+
+let following = null;  // the reply whose updates the page reads
+async function follow(reply) {
+  following = reply;
+  let lines, text = '', seq = 0;
+  try {
+    const answer = await fetch('localspec/stream?reply=' + encodeURIComponent(reply));
+    if (!answer.ok || !answer.body) return;
+    lines = answer.body.pipeThrough(new TextDecoderStream()).getReader();
+  } catch (e) { return; }
+  for (;;) {  // to the end: a response the page leaves early tells the server it went away (the reply stops)
+    let chunk;
+    try { chunk = await lines.read(); } catch (e) { return; }
+    if (chunk.done) return;
+    text += chunk.value;
+    for (let end = text.indexOf('\\n'); end >= 0; end = text.indexOf('\\n')) {
+      seq = applyUpdate(reply, JSON.parse(text.slice(0, end)), seq);
+      text = text.slice(end + 1);
+    }
   }
 }
 watch('value', function () {
   let started = null;
   try { started = JSON.parse(props.value || 'null'); } catch (e) { return; }
-  if (started && started.reply && started.reply !== following) follow(started.reply, started.turn);
+  if (started && started.reply && started.reply !== following) follow(started.reply);
 });
 """
 
