@@ -37,7 +37,9 @@ import yaml
 from localspec.bench.markdown import table
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.yaml")
-VARIANTS = {"target-only": ("target-only", 0.0), "default": ("rejection", 0.7)}  # name -> (mode, temperature)
+# name -> (mode, temperature). The default's page and API replies are different texts (adaptive K follows timings
+# and changes the sample), so their rates compare replies of different acceptance; invariant mode's are one text.
+VARIANTS = {"target-only": ("target-only", 0.0), "default": ("rejection", 0.7), "invariant": ("invariant", 0.7)}
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 
@@ -189,7 +191,8 @@ def _open(browser, base: str, tabs: int) -> list:
     return pages
 
 
-def interleaved(browser, pair_args: list[str], text: str, max_tokens: int, repeats: int, tabs: int) -> list[Reply]:
+def interleaved(browser, pair_args: list[str], text: str, max_tokens: int, repeats: int, tabs: int,
+                variants: list[str]) -> list[Reply]:  # fmt: skip
     """One UI process; per repeat and variant one reply through the page, then the same through the API."""
     port = _free_port()
     server = _start(pair_args, port)
@@ -198,7 +201,7 @@ def interleaved(browser, pair_args: list[str], text: str, max_tokens: int, repea
     try:
         page = _open(browser, base, tabs)[0]
         for repeat in range(repeats + 1):  # round 0 warms up (caches, the controller) and is not kept
-            for variant in VARIANTS:
+            for variant in variants:
                 seed = 1000 + repeat
                 for reply in (ui_reply(page, text, variant, seed, max_tokens, repeat),
                               api_reply(base, text, variant, seed, max_tokens, repeat)):  # fmt: skip
@@ -211,11 +214,12 @@ def interleaved(browser, pair_args: list[str], text: str, max_tokens: int, repea
     return replies
 
 
-def first_replies(browser, pair_args: list[str], text: str, max_tokens: int, repeats: int) -> list[Reply]:
+def first_replies(browser, pair_args: list[str], text: str, max_tokens: int, repeats: int,
+                  variants: list[str]) -> list[Reply]:  # fmt: skip
     """Per repeat and variant, in turn: a fresh UI process, a fresh page, one reply through it."""
     replies: list[Reply] = []
     for repeat in range(1, repeats + 1):
-        for variant in VARIANTS:
+        for variant in variants:
             port = _free_port()
             server = _start(pair_args, port)
             try:
@@ -254,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--max-tokens", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variants", default="target-only,default",
+                        help=f"comma-separated, from {', '.join(VARIANTS)}")  # fmt: skip
     parser.add_argument("--tabs", type=int, default=1, help="chat tabs open in the browser (the others stay idle)")
     parser.add_argument(
         "--first-reply",
@@ -273,13 +279,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompt not in prompts:
         raise SystemExit(f"no bench prompt {args.prompt!r}; choose from {', '.join(prompts)}")
     text = prompts[args.prompt]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not variants or set(variants) - set(VARIANTS):
+        raise SystemExit(f"--variants {args.variants!r}: choose from {', '.join(VARIANTS)}")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=args.chromium, args=ARGS, headless=True)
         try:
             if args.first_reply:
-                replies = first_replies(browser, pair_args, text, args.max_tokens, args.repeats)
+                replies = first_replies(browser, pair_args, text, args.max_tokens, args.repeats, variants)
             else:
-                replies = interleaved(browser, pair_args, text, args.max_tokens, args.repeats, args.tabs)
+                replies = interleaved(browser, pair_args, text, args.max_tokens, args.repeats, args.tabs, variants)
         finally:
             browser.close()
     what = "the first reply of a fresh `localspec ui`" if args.first_reply else f"{max(1, args.tabs)} tab(s)"
