@@ -72,7 +72,7 @@ class Update(NamedTuple):
     notice: str | None
     state: ChatState
     textbox: str | None
-    stream: str | None  # when a reply starts: its id and turn, so the page reads its updates (:meth:`ChatApp.updates`)
+    stream: str | None  # when a reply starts: its id, so the page reads its updates (:meth:`ChatApp.updates`)
 
 
 @dataclass
@@ -161,9 +161,9 @@ class ChatApp:
         """What the page reads while a reply streams: one JSON line every ``STREAM_INTERVAL_S`` with the
         operations since the last line (``ops``, numbered from 1), the stats panel every ``STATS_INTERVAL_S``
         (``stats``), and whether the reply is over (``done``). One response, not a request per update: a
-        request cost the browser about four times what a line of a response does. The page reads it to the
-        reply's end, so a response that ends before is a page gone away, and the reply ends within a step,
-        as Stop ends it."""
+        request costs the browser several times what a line of a response does (docs/performance.md). The
+        page reads it to the reply's end, so a response that ends before is a page gone away, and the reply
+        ends within a step, as Stop ends it."""
         streaming, run = self._live.get(reply_id), self._replies.get(reply_id)
         if streaming is None or run is None:
             yield json.dumps({"ops": [], "done": True}) + "\n"  # over (the final render shows it) or unknown
