@@ -98,6 +98,7 @@ def test_a_page_that_leaves_mid_reply_ends_it(ui_server):
     wait_for(lambda: re.search(r'data-reply="([^"]+)"', (job.outputs() or [("",)])[-1][0]), "the reply started")
     reply = re.search(r'data-reply="([^"]+)"', job.outputs()[-1][0]).group(1)
     with httpx.stream("GET", f"{url}/localspec/stream", params={"reply": reply}, timeout=60) as answer:
+        assert answer.headers["x-accel-buffering"] == "no"  # a proxy in front passes each line on as it comes
         first = json.loads(next(answer.iter_lines()))
     assert first["done"] is False and "stats" in first
     wait_for(job.done, "the reply to end once its reader left")

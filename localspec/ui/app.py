@@ -532,7 +532,9 @@ def add_stream_routes(server_app, app: ChatApp) -> None:
 
     @server_app.get("/localspec/stream")
     def stream(reply: str = "") -> StreamingResponse:
-        return StreamingResponse(app.updates(reply), media_type="application/x-ndjson")
+        # a proxy in front must pass each line on as it comes (nginx buffers unless told not to)
+        return StreamingResponse(app.updates(reply), media_type="application/x-ndjson",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
 
     @server_app.get("/localspec/evidence")
     def evidence(at: str = "") -> PlainTextResponse:
