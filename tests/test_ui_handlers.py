@@ -323,7 +323,8 @@ def test_trace_written_by_the_cli_loads_in_the_ui(app, demo_paths, tmp_path):
     assert [t["status"] for t in state.view.tokens] == result["statuses"]
     summary, rows, fig_pos, _fig_run, fig_time, choices, _sel, _top = app.debug_outputs(state)
     assert len(rows) >= result["stats"]["steps"]
-    assert len(fig_time.axes[0].patches) == 3 * result["stats"]["steps"]  # draft + verify + other per step
+    parts = fig_time.axes[0].patches  # draft, verify and other stacked, a value per step each
+    assert [len(part.get_data().values) for part in parts] == [result["stats"]["steps"]] * 3
     assert len(fig_pos.axes[0].patches) == len(result["stats"]["drafted_by_position"])
 
 

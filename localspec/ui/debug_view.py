@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
@@ -158,24 +159,27 @@ def running_acceptance_plot(run: Trace | None) -> Figure:
 
 
 def timeline_plot(run: Trace | None) -> Figure:
-    """Draft vs verify (vs everything else) milliseconds for every step."""
+    """Draft vs verify (vs everything else) milliseconds for every step, stacked: one filled outline per
+    part, whatever the reply's length (a bar per step and part was thousands of artists to draw, and as
+    many objects for the garbage collector, after every long reply)."""
     fig, ax = _figure()
     ax.set_title("time per step", fontsize=11, loc="left")
     steps = run.steps if run is not None else []
     if not steps:
         _empty(ax, "no steps yet")
         return fig
-    xs = [s["step"] + 1 for s in steps]
-    draft = [s.get("draft_s", 0.0) * 1000 for s in steps]
-    verify = [s.get("verify_s", 0.0) * 1000 for s in steps]
-    other = [s.get("other_s", 0.0) * 1000 for s in steps]
-    width = 0.85 if len(xs) < 80 else 1.0
-    ax.bar(xs, draft, width, color=DRAFT_COLOUR, label="draft")
-    ax.bar(xs, verify, width, bottom=draft, color=VERIFY_COLOUR, label="verify")
-    ax.bar(xs, other, width, bottom=[d + v for d, v in zip(draft, verify)], color=OTHER_COLOUR, label="other")
+    edges = [s["step"] + 0.5 for s in steps] + [steps[-1]["step"] + 1.5]
+    parts = np.array([[s.get(key, 0.0) * 1000 for s in steps] for key in ("draft_s", "verify_s", "other_s")])
+    tops = parts.cumsum(axis=0)  # each part stacked on the ones before it
+    labelled = list(zip(tops, (DRAFT_COLOUR, VERIFY_COLOUR, OTHER_COLOUR), ("draft", "verify", "other")))
+    for top, colour, label in reversed(labelled):  # the highest drawn first, each lower one over it
+        ax.stairs(top, edges, fill=True, color=colour, label=label)
+    if len(steps) < 80:  # few steps: a gap between them, as bars would have
+        ax.vlines(edges, 0, tops[-1].max(), color="white", linewidth=2.5)
+    handles, labels = ax.get_legend_handles_labels()
     ax.set_xlabel("step")
     ax.set_ylabel("ms")
-    ax.legend(frameon=False, fontsize=8, ncols=3, loc="upper right")
+    ax.legend(handles[::-1], labels[::-1], frameon=False, fontsize=8, ncols=3, loc="upper right")
     return fig
 
 
