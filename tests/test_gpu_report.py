@@ -82,6 +82,9 @@ def test_the_report_has_every_section_and_its_predictions() -> None:
                     {"prompt": "code", "k": 4, "tokens": 96, "identical": True, "first_difference": None},
                     {"prompt": "code", "k": 8, "tokens": 96, "identical": False, "first_difference": 41},
                 ],
+                "learned": [
+                    {"mode": "rejection, T = 0.7", "switch_ms": 1.55, "verify_ms": {1: 4.65, 3: 5.9}, "draft_ms": 1.66}
+                ],  # fmt: skip
                 "profile": [
                     {
                         "variant": "default",
@@ -112,6 +115,7 @@ def test_the_report_has_every_section_and_its_predictions() -> None:
     assert "| target-7B | 4.58 / 5.73 | 6.05 / 7.56 | 7.52 / 9.40 |" in text  # steady against the sweep's
     assert "code, K = 4: 96 tokens, identical" in text and "code, K = 8: 96 tokens, DIFFERS from token 41" in text
     assert "nvidia-smi: NVIDIA H200" in text
+    assert "- rejection, T = 0.7: a change 1.55; rows 1 4.65, 3 5.90; a drafted token 1.66" in text
     assert "a round trip to llama.cpp's compute thread (each decode pays one): 31 µs" in text
     assert "The loop's own time, default (chat, T = 0.7, 90 steps" in text and "1.234 ms a step" in text
     assert "| `sampling.py:279 _exp_scaled` | 0.301 |" in text
@@ -147,8 +151,11 @@ def test_the_loop_profile_names_what_each_loop_spends_its_own_time_on(demo_paths
     engine = make_engine(demo_paths[0], demo_paths[1], **{"speculative.adaptive": True})
     try:
         alone, default = gpu.loop_profile(engine, load_prompts(["chat"])[0], max_tokens=24, top=1000)
+        learned = gpu._learned(engine)  # the default's controller: its costs, a change of size among them
     finally:
         engine.close()
+    assert [entry["mode"] for entry in learned] == ["rejection, T = 0.7"], learned
+    assert learned[0]["switch_ms"] is not None and learned[0]["verify_ms"][1] > 0 and learned[0]["draft_ms"] > 0
     assert (alone["variant"], default["variant"]) == ("target-only", "default")
     assert alone["steps"] > 0 and default["steps"] > 0 and alone["ms_per_step"] > 0
     names = {run["variant"]: " ".join(name for name, _ in run["functions"]) for run in (alone, default)}

@@ -100,7 +100,7 @@ def test_new_settings_start_from_the_learnt_costs(cache, monkeypatch) -> None:
     assert controller.costs.verify_seconds(1) == pytest.approx(first.policy.controller.costs.verify_seconds(1))
 
 
-STATE = {("rejection", 0.7, 0, 8, True): Learned(Costs({1: 0.02, 4: 0.03}, 0.004, 0.001, 1e-4), 12.5, 20.0,
+STATE = {("rejection", 0.7, 0, 8, True): Learned(Costs({1: 0.02, 4: 0.03}, 0.004, 0.001, 1e-4, 0.002), 12.5, 20.0,
                                                   {16: (3.0, 4.0)})}  # fmt: skip
 
 

@@ -91,6 +91,7 @@ def _plain(settings: tuple, learned: Learned) -> dict[str, Any]:
         "draft_token_s": costs.draft_token_s,
         "catch_up_token_s": costs.catch_up_token_s,
         "other_row_s": costs.other_row_s,
+        "switch_s": costs.switch_s,
         "accepted": learned.accepted,
         "examined": learned.examined,
         "lookup": {str(bin_): list(counts) for bin_, counts in learned.lookup.items()},
@@ -109,6 +110,7 @@ def _learned(item: dict[str, Any]) -> Learned:
         return value
 
     costs = Costs({int(rows): seconds(t) for rows, t in item["verify_s"].items()}, seconds(item["draft_token_s"]),
-                  seconds(item["catch_up_token_s"]), seconds(item["other_row_s"]))  # fmt: skip
+                  seconds(item["catch_up_token_s"]), seconds(item["other_row_s"]),
+                  seconds(item.get("switch_s")))  # fmt: skip
     lookup = {int(bin_): (float(agreed), float(compared)) for bin_, (agreed, compared) in item["lookup"].items()}
     return Learned(costs, float(item["accepted"]), float(item["examined"]), lookup)

@@ -259,11 +259,27 @@ def end_to_end(config: Config, repeats: int, max_tokens: int, prompt_names: list
             "pair": engine.pair_name,
             "table": render_table(report),
             "report": report,
+            "learned": _learned(engine),
             "identity": identity(engine, load_prompts(prompt_names), max_tokens),
             "profile": loop_profile(engine, load_prompts(prompt_names)[0], max_tokens),
         }
     finally:
         engine.close()
+
+
+def _learned(engine: Engine) -> list[dict[str, Any]]:
+    """What each adaptive controller learnt over the bench (ms): a change of batch size, the verification
+    sizes decode after decode, a drafted token."""
+    out = []
+    for (mode, temperature, *_), learned in engine.decoder.policy.learned().items():
+        costs = learned.costs
+        out.append({
+            "mode": f"{mode}, T = {temperature:g}",
+            "switch_ms": costs.switch_s * 1e3 if costs.switch_s is not None else None,
+            "verify_ms": {rows: seconds * 1e3 for rows, seconds in sorted(costs.verify_s.items()) if rows <= 9},
+            "draft_ms": costs.draft_token_s * 1e3 if costs.draft_token_s is not None else None,
+        })  # fmt: skip
+    return out
 
 
 def render(result: dict[str, Any]) -> str:
@@ -374,6 +390,13 @@ def render(result: dict[str, Any]) -> str:
         for check in e2e["identity"]:
             verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
             lines.append(f"- {check['prompt']}, K = {check['k']}: {check['tokens']} tokens, {verdict}")
+        if e2e.get("learned"):
+            lines += ["", "What adaptive drafting learnt (ms): a change of batch size, each size in a row:", ""]
+        for learned in e2e.get("learned", []):
+            sizes = ", ".join(f"{rows} {ms:.2f}" for rows, ms in learned["verify_ms"].items())
+            switch = f"{learned['switch_ms']:.2f}" if learned["switch_ms"] is not None else "not measured"
+            draft = f"{learned['draft_ms']:.2f}" if learned["draft_ms"] is not None else "not timed"
+            lines.append(f"- {learned['mode']}: a change {switch}; rows {sizes}; a drafted token {draft}")
         for run in e2e.get("profile", []):
             for key, temperature in (("split_greedy", "0"), ("split", "0.7")):
                 split = run.get(key)

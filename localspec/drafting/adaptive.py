@@ -13,7 +13,13 @@ rules).
 
 Every ``explore_every`` steps the policy tries a neighbour of its best K (and every fourth time the
 far end of the range, where its predicted rate is at least ``far_floor`` of the best's), so the cost
-line stays measured around the optimum and a stale or unlucky measurement fades out. A far end
+line stays measured around the optimum and a stale or unlucky measurement fades out.
+
+A verification of another size than the step before costs more than one of the same size (llama.cpp
+builds its graph again; :mod:`localspec.drafting.costs` keeps that extra apart). On a GPU it is a good
+part of a step, so the policy moves to a new best K only where the move pays for itself within
+``horizon_tokens`` tokens, charges a lookup copy of a new size the change, and spaces explorations
+and re-timings so that their changes take at most ``switch_budget`` of the time. A far end
 predicted far worse is not tried: each try costs about what the prediction says, and where a verified
 row is dear (a target over RPC) one such step cost more time than two tokens of the target alone.
 While the model drafts, a one-row step now and then keeps the target alone timed: every K is judged
@@ -36,6 +42,7 @@ drafting and lookup".
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from localspec.core.errors import ConfigError
@@ -77,6 +84,7 @@ class AdaptiveK:
     probe_budget: float = 0.03  # a probe's catch-up may cost this share of the reply's steps without the model
     rest_after: int = 16  # after this many plans in a row drafted nothing, ...
     rest_steps: int = 4  # ... this many steps go without a plan, then one plans again (0: never rest)
+    switch_budget: float = 0.005  # changes of batch size made to explore or re-time may cost this share of the time
     costs: CostModel = field(default_factory=CostModel)
     acceptance: Acceptance = field(default_factory=Acceptance)
 
@@ -124,6 +132,7 @@ class AdaptiveK:
         """A reply begins: probing and waiting budgets are per reply (see ``_probe`` and ``_wait``), and
         lookup's evidence carries over only in part (:meth:`Acceptance.new_reply`)."""
         self._reply_start = self._steps
+        self.costs.new_reply()
         self._waited_s = 0.0
         self._undrafted = self._rest = 0
         self.acceptance.new_reply()
@@ -147,6 +156,15 @@ class AdaptiveK:
         if seconds is None or seconds <= 0:
             return None
         return expected_tokens_per_step(self.acceptance.alpha, k) / seconds
+
+    def _rate_now(self, k: int) -> float:
+        """Predicted tokens per second of this step with ``k`` model drafts, charged a change of batch size
+        where its size differs from the last step's, as a lookup copy and the target alone are in
+        :meth:`_lookup_plan`, so the comparison favours neither side."""
+        seconds = self.costs.step_seconds(k)
+        if not seconds:
+            return 0.0
+        return expected_tokens_per_step(self.acceptance.alpha, k) / (seconds + self.costs.change_seconds(k + 1))
 
     def choose(self, match: Match | None = None, model: bool = True, backlog: int = 0) -> Plan:
         """What the next step drafts: lookup when ``match`` promises more than the model or nothing,
@@ -173,16 +191,23 @@ class AdaptiveK:
 
     def _lookup_plan(self, match: Match, model: bool, backlog: int = 0, may_quote: bool = False) -> Plan | None:
         """The lookup K with the best predicted rate, if it beats drafting nothing and the model's best K
-        as it stands this step (see :meth:`_model_rival`)."""
+        as it stands this step (see :meth:`_model_rival`). A copy's size and the target alone's are
+        charged a change of batch size where they differ from the last step's: a copy's length follows
+        the text, so its size is this step's alone."""
         ks = range(1, min(self.lookup_max, match.available) + 1)
         if not ks:
             return None
         if self.costs.verify_seconds(1) is None:  # nothing measured yet: free drafts are worth a try
             return Plan(LOOKUP, ks[-1])
         expected = self.acceptance.lookup_expected(match.length, ks[-1])
-        best, fewest = max((expected[n - 1] / self.costs.step_seconds(n, LOOKUP), -n) for n in ks)  # ties: fewer copies
+        switch, last = self.costs.switch_seconds(), self.costs.last_rows
+        seconds = lambda n: self.costs.step_seconds(n, LOOKUP) + (switch if n + 1 != last else 0.0)  # noqa: E731
+        best, fewest = max((expected[n - 1] / seconds(n), -n) for n in ks)  # ties: fewer copies
         n = -fewest
-        alone = (self.rate(0) or 0.0) if not model or self.k_min == 0 else 0.0
+        alone = 0.0
+        if not model or self.k_min == 0:
+            alone_s = self.costs.step_seconds(0)
+            alone = 1.0 / (alone_s + (switch if last != 1 else 0.0)) if alone_s else 0.0
         model_rate, waits, waiting = self._model_rival(backlog, may_quote) if model else (0.0, False, 0.0)
         if best <= max(alone, model_rate):
             return None
@@ -198,7 +223,7 @@ class AdaptiveK:
         target wrote them alone. Also says whether the model waits this step, and its rate once
         caught up (what a lookup step taken while it waits is weighed against)."""
         k = max(range(max(1, self.k_min), self.k_max + 1), key=lambda n: (self.rate(n) or 0.0, -n), default=0)
-        rate = (self.rate(k) or 0.0) if k else 0.0
+        rate = self._rate_now(k) if k else 0.0
         if rate <= 0.0 or backlog <= 0 or self.k_min > 0:
             return rate, False, rate
         if self._wait(backlog, may_quote, k, count=False):
@@ -213,24 +238,15 @@ class AdaptiveK:
         # otherwise (K = 0 steps only refine the one-row cost): solving it each step is a measurable cost
         fresh = self._dirty or self._steps % max(1, self.explore_every) == 0
         if self.costs.verify_timed and self.costs.draft_timed and fresh:
-            self._best = max(range(self.k_min, self.k_max + 1), key=lambda k: (self.rate(k) or 0.0, -k))
+            self._best = self._kept(max(range(self.k_min, self.k_max + 1), key=lambda k: (self.rate(k) or 0.0, -k)))
             self._dirty = False
         best = self._best if self._best is not None else self.k_max
         k = best
+        gap = self._spaced(self.explore_every, best) if self.explore_every else 0
         if best == 0 and self.k_max > 0:
             k = self._probe(backlog)
-        elif self.explore_every and self._steps % self.explore_every == 0 and self.k_max > self.k_min:
-            # alternate between the neighbours of the best K so both sides stay measured, and now
-            # and then jump to the far end, so one unlucky old measurement cannot pin K down
-            turn = (self._steps // self.explore_every) % 4
-            if turn == 3:
-                far = self.k_max if best - self.k_min < self.k_max - best else self.k_min
-                if (self.rate(far) or 0.0) >= self.far_floor * (self.rate(best) or 0.0):
-                    k = far
-            elif (turn % 2 == 0 and best < self.k_max) or best == self.k_min:
-                k = best + 1
-            else:
-                k = best - 1
+        elif gap and self._steps % gap == 0 and self.k_max > self.k_min:
+            k = self._explored(best, (self._steps // gap) % 4)
         if best > 0:
             self._probe_gap = 0  # drafting pays: the next stop starts probing often again
             if self.k_min == 0 and (
@@ -240,6 +256,39 @@ class AdaptiveK:
             ):
                 return 0
         return k
+
+    def _explored(self, best: int, turn: int) -> int:
+        """The K an exploration tries on its ``turn`` (0-3): the neighbours of the best K in turn so both
+        sides stay measured, and now and then the far end, so one unlucky old measurement cannot pin K
+        down (where its predicted rate is at least ``far_floor`` of the best's)."""
+        if turn == 3:
+            far = self.k_max if best - self.k_min < self.k_max - best else self.k_min
+            return far if (self.rate(far) or 0.0) >= self.far_floor * (self.rate(best) or 0.0) else best
+        if (turn % 2 == 0 and best < self.k_max) or best == self.k_min:
+            return best + 1
+        return best - 1
+
+    def _kept(self, best: int) -> int:
+        """The K of the last step where moving to ``best`` would not pay for its change of batch size
+        within ``horizon_tokens`` tokens (:meth:`CostModel.switch_seconds`), else ``best``. On a GPU a
+        change of size costs a graph rebuild, a good part of a step, so Ks of nearly one rate must not
+        take turns (docs/performance.md, "A change of batch size")."""
+        rows = self.costs.last_rows
+        switch = self.costs.switch_seconds()
+        if rows is None or switch <= 0.0 or not self.k_min <= rows - 1 <= self.k_max or rows - 1 == best:
+            return best
+        now, then = self.rate(rows - 1), self.rate(best)
+        if not now or not then or self.horizon_tokens * (1.0 / now - 1.0 / then) > switch:
+            return best
+        return rows - 1
+
+    def _spaced(self, steps: int, k: int) -> int:
+        """``steps``, or more where a step away from ``k`` and back (two changes of batch size) would cost
+        more than ``switch_budget`` of the steps' time between two such steps."""
+        seconds = self.costs.step_seconds(k)
+        if not seconds:
+            return steps
+        return max(steps, math.ceil(2.0 * self.costs.switch_seconds() / (self.switch_budget * seconds)))
 
     def _alone_stale(self) -> bool:
         """Whether the target alone (one row, what every K is judged against) needs timing again. While
@@ -253,7 +302,7 @@ class AdaptiveK:
         since = self.costs.steps_since_one_row()
         if since is None:
             return self.costs.observed >= self.explore_every
-        return since >= self.retime_alone
+        return since >= self._spaced(self.retime_alone, self._best or 0)
 
     def _wait(self, backlog: int, may_quote: bool, k: int, count: bool = True) -> bool:
         """Whether a long catch-up (a new reply's prompt) waits a step because the reply may quote its

@@ -20,19 +20,22 @@ from dataclasses import dataclass, field
 from localspec.core.model import LanguageModel
 
 VERIFY_ROWS = (1, 2, 3, 4, 8, 16)  # batch sizes timed on the target
+SWITCH_ROWS = 4  # the size timed twice in a row on the target, for the extra of a change of size
 CATCH_UP_TOKENS = 32  # a catch-up timed on the draft: this many tokens beyond the usual two, one logits row
 
 
 @dataclass(frozen=True)
 class Costs:
-    """Seconds per verification batch of ``rows`` rows, per drafted token, per token a draft reads
-    that it sat out (a catch-up; both None: no draft model), and outside the models per verified row
-    (None: not measured; only steps measure it)."""
+    """Seconds per verification batch of ``rows`` rows after a batch of the same size, per drafted token,
+    per token a draft reads that it sat out (a catch-up; both None: no draft model), outside the models
+    per verified row (None: not measured; only steps measure it), and the extra seconds of a batch whose
+    size differs from the one before (None: not measured)."""
 
     verify_s: dict[int, float] = field(default_factory=dict)
     draft_token_s: float | None = None
     catch_up_token_s: float | None = None
     other_row_s: float | None = None
+    switch_s: float | None = None
 
 
 def measure_costs(target: LanguageModel, draft: LanguageModel | None = None, rows=VERIFY_ROWS) -> Costs:
@@ -44,9 +47,18 @@ def measure_costs(target: LanguageModel, draft: LanguageModel | None = None, row
     it must pay for itself within a horizon of tokens. Without a timing the controller guessed half a
     drafted token per token read, and where a batch reads tokens far cheaper than that (the real pair)
     the guess could keep the model out of a whole session: a reply never drafted, so no catch-up was
-    ever timed to correct it (docs/performance.md, "A catch-up timed before the first step")."""
+    ever timed to correct it (docs/performance.md, "A catch-up timed before the first step").
+
+    Each batch is timed after a one-row warm-up, so every size but one row pays a change of size
+    (:mod:`localspec.drafting.costs`); one size timed again at once says what the change cost, and the
+    others' costs are kept without it."""
     verify = {n: _batch_seconds(target, n) for n in rows if n + 2 <= target.context_size}
     verify = _retime_spikes(target, verify)
+    switch_s = None
+    if SWITCH_ROWS in verify:
+        changed = _batch_seconds(target, SWITCH_ROWS)  # after its one-row warm-up
+        switch_s = max(0.0, changed - _batch_seconds(target, SWITCH_ROWS, warm_up=False))
+        verify = {n: max(s - switch_s, s / 2) if n > 1 else s for n, s in verify.items()}  # a spike halves none
     draft_s = catch_up_s = None
     if draft is not None:
         draft_s = _batch_seconds(draft, 1)
@@ -54,7 +66,7 @@ def measure_costs(target: LanguageModel, draft: LanguageModel | None = None, row
             usual = _batch_seconds(draft, 2, logits=1)
             catch_up_s = (_batch_seconds(draft, 2 + CATCH_UP_TOKENS, logits=1) - usual) / CATCH_UP_TOKENS
     return Costs({n: s for n, s in verify.items() if s > 0}, draft_s or None,
-                 catch_up_s if catch_up_s and catch_up_s > 0 else None)  # fmt: skip
+                 catch_up_s if catch_up_s and catch_up_s > 0 else None, switch_s=switch_s)  # fmt: skip
 
 
 def _retime_spikes(target: LanguageModel, verify: dict[int, float]) -> dict[int, float]:

@@ -13,6 +13,13 @@ measured yet: on a CPU with repacked weights a batch of 16 rows can cost *less* 
 line would pick the wrong sizes; on a GPU a batch costs little more than one row. Before the first
 step the costs come from a few timed batches (:mod:`localspec.drafting.calibrate`), so no reply starts
 by guessing.
+
+A batch whose size differs from the one before costs more than one of the same size: llama.cpp builds
+its compute graph again (and on CUDA captures it again), where a batch of the same size reuses it. A
+size's cost is kept as the size costs decode after decode, and the extra of a change of size apart
+(:meth:`CostModel.switch_seconds`): learnt from the batches that followed another size, against their
+size's steady cost. On a CPU the extra is a few per cent of a batch; on a GPU it is a large part of one
+(docs/performance.md, "A change of batch size").
 """
 
 from __future__ import annotations
@@ -39,7 +46,11 @@ class CostModel:
         self._catch_up: deque[float] = deque(maxlen=8)  # recent catch-up seconds per backlog token
         self._other: deque[float] = deque(maxlen=16)  # recent other seconds per row
         self._plan: deque[float] = deque(maxlen=16)  # recent seconds per step spent choosing it
-        self._verify: dict[int, deque] = {}  # batch rows -> recent (step, seconds)
+        self._verify: dict[int, deque] = {}  # batch rows -> recent (step, seconds) after a batch of the same size
+        self._changed: dict[int, deque] = {}  # batch rows -> recent (step, seconds) after a batch of another size
+        self._switch: deque[float] = deque(maxlen=16)  # recent extra seconds of a change of size
+        self._last_step: dict[int, int] = {}  # batch rows -> the last step of that size
+        self.last_rows: int | None = None  # the size of the last batch (None: unknown, as after a prompt)
         self._seeded: dict[int, tuple[int, float]] = {}  # rows -> (step, seconds) timed before step 1
         self._cache: dict = {}  # estimates derived from the samples (see _memo)
         self._step_cache: dict = {}  # predicted seconds of drafting steps (see step_seconds)
@@ -51,6 +62,8 @@ class CostModel:
         (``_drift``)."""
         for rows, seconds in costs.verify_s.items():
             self._seeded[rows] = (self.observed, seconds)
+        if costs.switch_s is not None:
+            self._switch.append(costs.switch_s)
         if costs.draft_token_s is not None:
             self._draft.append(costs.draft_token_s)
         if costs.catch_up_token_s is not None:
@@ -65,19 +78,32 @@ class CostModel:
         verify = {rows: median([t for _, t in self._samples(rows)]) for rows in sorted(self._sizes())}
         other = median(self._other)
         return Costs({rows: t for rows, t in verify.items() if t}, median(self._draft), median(self._catch_up),
-                     max(0.0, other) if other is not None else None)  # fmt: skip
+                     max(0.0, other) if other is not None else None,
+                     self.switch_seconds() if self._switch else None)  # fmt: skip
 
     # --- what a step tells -------------------------------------------------
     def observe(self, rows: int, verify_s: float, other_s: float, plan_s: float = 0.0) -> None:
         """A step verified ``rows`` rows in ``verify_s`` seconds and spent ``other_s`` outside the models,
         besides ``plan_s`` choosing what to draft."""
         self.observed += 1
-        self._verify.setdefault(rows, deque(maxlen=8)).append((self.observed, verify_s))
+        if rows == self.last_rows:
+            self._verify.setdefault(rows, deque(maxlen=8)).append((self.observed, verify_s))
+        else:
+            self._changed.setdefault(rows, deque(maxlen=8)).append((self.observed, verify_s))
+            steady = self._verify.get(rows)
+            if steady:
+                self._switch.append(verify_s - statistics.median(t for _, t in steady))
+        self.last_rows = rows
+        self._last_step[rows] = self.observed
         self._other.append(other_s / rows)
         self._plan.append(plan_s)
         self._cache.clear()
         if rows > 1 or self.observed % self.refresh_steps == 0:
             self._step_cache.clear()
+
+    def new_reply(self) -> None:
+        """The target read a prompt since the last step: the next batch follows another size."""
+        self.last_rows = None
 
     def observe_draft(self, drafted: int, draft_s: float, catch_up_s: float = 0.0, backlog: int = 0) -> None:
         """The draft model proposed ``drafted`` tokens in ``draft_s`` seconds, after reading ``backlog``
@@ -110,14 +136,23 @@ class CostModel:
 
     def steps_since_one_row(self) -> int | None:
         """Steps observed since the last one-row step (None: no step had one row)."""
-        live = self._verify.get(1)
-        return self.observed - live[-1][0] if live else None
+        last = self._last_step.get(1)
+        return self.observed - last if last is not None else None
+
+    def switch_seconds(self) -> float:
+        """Predicted extra seconds of a batch whose size differs from the one before (0 before any data):
+        the median of recent changes' extra over their size's steady cost, none below zero."""
+        return self._memo("switch", lambda: max(0.0, statistics.median(self._switch)) if self._switch else 0.0)
+
+    def change_seconds(self, rows: int) -> float:
+        """What a batch of ``rows`` rows costs beyond its steady cost if it were the next one."""
+        return self.switch_seconds() if rows != self.last_rows else 0.0
 
     def verify_seconds(self, rows: int) -> float | None:
-        """Predicted target seconds for a verification batch of ``rows`` rows (None before any data):
-        the median of its recent measurements, else the fitted line. A size's own samples never age
-        out by the clock: a long stretch of one-row steps (nothing pays) says nothing new about what
-        8 rows cost, and forgetting it would hand the choice back to the line."""
+        """Predicted target seconds for a verification batch of ``rows`` rows after one of the same size
+        (None before any data): the median of its recent measurements, else the fitted line. A size's own
+        samples never age out by the clock: a long stretch of one-row steps (nothing pays) says nothing
+        new about what 8 rows cost, and forgetting it would hand the choice back to the line."""
         return self._memo(("verify", rows), lambda: self._measured_verify_seconds(rows))
 
     def step_seconds(self, k: int, source: str = MODEL) -> float | None:
@@ -161,10 +196,20 @@ class CostModel:
             return statistics.median(t for _, t in samples)
         return self._fitted_verify_seconds(rows)
 
-    def _samples(self, rows: int) -> list[tuple[int, float]]:
-        """A batch size's (step, seconds) samples: its steps' own, after its pre-step timing scaled by
-        ``_drift``."""
+    def _live(self, rows: int) -> list[tuple[int, float]]:
+        """A batch size's steps' own (step, seconds) samples as they cost after the same size: a sample that
+        followed another size less the extra of a change (:meth:`switch_seconds`)."""
         samples = list(self._verify.get(rows, ()))
+        if rows in self._changed:
+            switch = self.switch_seconds()
+            samples += [(step, max(t - switch, 1e-6)) for step, t in self._changed[rows]]
+            samples.sort()
+        return samples
+
+    def _samples(self, rows: int) -> list[tuple[int, float]]:
+        """A batch size's (step, seconds) samples: its steps' own (:meth:`_live`), after its pre-step
+        timing scaled by ``_drift``."""
+        samples = self._live(rows)
         if rows in self._seeded:
             step, seconds = self._seeded[rows]
             samples.insert(0, (step, seconds * self._memo("drift", self._drift)))
@@ -176,14 +221,14 @@ class CostModel:
         it: a process's first decodes can run slower than its later ones, and batches timed in that slow
         stretch, never re-timed while the model does not draft, kept it from ever drafting
         (docs/performance.md, "Adaptive K")."""
-        live, seeded = self._verify.get(1), self._seeded.get(1)
+        live, seeded = self._live(1), self._seeded.get(1)
         if not live or seeded is None or seeded[1] <= 0:
             return 1.0
         return statistics.median(t for _, t in live) / seeded[1]
 
     def _sizes(self) -> set[int]:
         """The batch sizes with a timing (the steps' own or from before the first step)."""
-        return self._memo("sizes", lambda: set(self._verify) | set(self._seeded))
+        return self._memo("sizes", lambda: set(self._verify) | set(self._changed) | set(self._seeded))
 
     def _memo(self, key, compute):
         """Estimates are derived from the samples at most once between two observations: a lookup step
