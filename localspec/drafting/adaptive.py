@@ -158,8 +158,8 @@ class AdaptiveK:
         return expected_tokens_per_step(self.acceptance.alpha, k) / seconds
 
     def _rate_now(self, k: int) -> float:
-        """Predicted tokens per second of this step with ``k`` model drafts, charged a change of batch size
-        where its size differs from the last step's, as a lookup copy and the target alone are in
+        """Predicted tokens per second of this step with ``k`` model drafts (0: the target alone), charged a
+        change of batch size where its size differs from the last step's, as a lookup copy is in
         :meth:`_lookup_plan`, so the comparison favours neither side."""
         seconds = self.costs.step_seconds(k)
         if not seconds:
@@ -200,14 +200,10 @@ class AdaptiveK:
         if self.costs.verify_seconds(1) is None:  # nothing measured yet: free drafts are worth a try
             return Plan(LOOKUP, ks[-1])
         expected = self.acceptance.lookup_expected(match.length, ks[-1])
-        switch, last = self.costs.switch_seconds(), self.costs.last_rows
-        seconds = lambda n: self.costs.step_seconds(n, LOOKUP) + (switch if n + 1 != last else 0.0)  # noqa: E731
+        seconds = lambda n: self.costs.step_seconds(n, LOOKUP) + self.costs.change_seconds(n + 1)  # noqa: E731
         best, fewest = max((expected[n - 1] / seconds(n), -n) for n in ks)  # ties: fewer copies
         n = -fewest
-        alone = 0.0
-        if not model or self.k_min == 0:
-            alone_s = self.costs.step_seconds(0)
-            alone = 1.0 / (alone_s + (switch if last != 1 else 0.0)) if alone_s else 0.0
+        alone = self._rate_now(0) if not model or self.k_min == 0 else 0.0
         model_rate, waits, waiting = self._model_rival(backlog, may_quote) if model else (0.0, False, 0.0)
         if best <= max(alone, model_rate):
             return None

@@ -49,7 +49,7 @@ class CostModel:
         self._verify: dict[int, deque] = {}  # batch rows -> recent (step, seconds) after a batch of the same size
         self._changed: dict[int, deque] = {}  # batch rows -> recent (step, seconds) after a batch of another size
         self._switch: deque[float] = deque(maxlen=16)  # recent extra seconds of a change of size
-        self._last_step: dict[int, int] = {}  # batch rows -> the last step of that size
+        self._last_one_row: int | None = None  # the last step of one row
         self.last_rows: int | None = None  # the size of the last batch (None: unknown, as after a prompt)
         self._seeded: dict[int, tuple[int, float]] = {}  # rows -> (step, seconds) timed before step 1
         self._cache: dict = {}  # estimates derived from the samples (see _memo)
@@ -94,7 +94,8 @@ class CostModel:
             if steady:
                 self._switch.append(verify_s - statistics.median(t for _, t in steady))
         self.last_rows = rows
-        self._last_step[rows] = self.observed
+        if rows == 1:
+            self._last_one_row = self.observed
         self._other.append(other_s / rows)
         self._plan.append(plan_s)
         self._cache.clear()
@@ -136,8 +137,7 @@ class CostModel:
 
     def steps_since_one_row(self) -> int | None:
         """Steps observed since the last one-row step (None: no step had one row)."""
-        last = self._last_step.get(1)
-        return self.observed - last if last is not None else None
+        return self.observed - self._last_one_row if self._last_one_row is not None else None
 
     def switch_seconds(self) -> float:
         """Predicted extra seconds of a batch whose size differs from the one before (0 before any data):
