@@ -35,7 +35,7 @@ WHEEL_DIR   := $(WHEEL_CACHE)/llama-cpp-python-$(LLAMA_CPP)-$(WHEEL_KEY)
 STAMP       := $(VENV)/.localspec-$(WHEEL_KEY)
 PIP         := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: cmake-flags run install install-dev models test test-fast lint patches-check patches-bits bench bench-llama-cpp llama-cpp-tools doctor gpu-pack clean
+.PHONY: cmake-flags run install install-dev models test test-fast lint patches-check patches-portable patches-bits bench bench-llama-cpp llama-cpp-tools doctor gpu-pack clean
 
 run: install
 	$(BIN)/localspec ui
@@ -69,7 +69,7 @@ $(VENV)/.dev-installed: $(STAMP)
 models: install
 	$(BIN)/localspec models prepare --with-test-models
 
-test: install-dev models patches-check lint
+test: install-dev models patches-check patches-portable lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --timeout 900
 
 lint: install-dev
@@ -79,16 +79,23 @@ test-fast: install-dev
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not models and not browser"
 
 # the series still applies to a clean sdist, each patch exactly where it was made (no fuzz); the sdist is
-# downloaded once into the cache
+# downloaded once into the cache (options GNU and BSD patch share: macOS has the latter)
 SDIST := $(HOME)/.cache/localspec/sdist/llama_cpp_python-$(LLAMA_CPP).tar.gz
 $(SDIST):
 	@mkdir -p $(dir $@) && $(PYTHON) -m pip download -q --no-deps --no-binary :all: --no-cache-dir -d $(dir $@) "llama-cpp-python==$(LLAMA_CPP)"
 
 patches-check: $(SDIST)
 	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && tar -xzf $(SDIST) -C $$tmp --strip-components=1 && \
-	  for p in $(PATCHES); do patch -s -p1 -N --fuzz=0 --no-backup-if-mismatch -d $$tmp < $$p >/dev/null || \
+	  for p in $(PATCHES); do patch -s -p1 -N --fuzz=0 -d $$tmp < $$p >/dev/null || \
 	    { echo "$$p no longer applies to llama-cpp-python $(LLAMA_CPP) after the patches above it in patches/series"; exit 1; }; done && \
 	  echo "patches/series: $(words $(PATCHES)) patches apply to a clean llama-cpp-python $(LLAMA_CPP) sdist"
+
+# the series compiles for x86-64 without AVX-512 and for 64-bit ARM too (patches/check_portable.sh says how),
+# checked once per set of patches and version of the check: a stamp in the cache records the pass
+PORTABLE_KEY := $(shell $(PYTHON) -c "import hashlib;print(hashlib.sha256(open('patches/check_portable.sh','rb').read()).hexdigest()[:12])")
+PORTABLE := $(HOME)/.cache/localspec/patches-portable-$(PATCH_HASH)-$(PORTABLE_KEY)
+patches-portable: $(SDIST)
+	@test -e $(PORTABLE) || patches/check_portable.sh $(SDIST) $(PORTABLE) $(PATCHES)
 
 # Before a patch change lands (minutes, not CI): the speed patches change no bit. A second venv gets a
 # wheel with only the invariance patches; both builds write the logits of the same models (the real and demo
@@ -116,7 +123,7 @@ $(TOOLS_DIR)/bin/llama-server: $(PATCHES)
 	  for p in $(abspath $(PATCHES)); do patch -s -p1 -d $(TOOLS_DIR).tmp/src < $$p || exit 1; done && \
 	  cmake -S $(TOOLS_DIR).tmp/src/vendor/llama.cpp -B $(TOOLS_DIR).tmp/build -DCMAKE_BUILD_TYPE=Release \
 	    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF $(strip $(CMAKE_FLAGS)) >$(TOOLS_DIR).tmp/cmake.log && \
-	  cmake --build $(TOOLS_DIR).tmp/build -j $$(nproc) --target $(TOOLS) >$(TOOLS_DIR).tmp/build.log && \
+	  cmake --build $(TOOLS_DIR).tmp/build -j $$(getconf _NPROCESSORS_ONLN) --target $(TOOLS) >$(TOOLS_DIR).tmp/build.log && \
 	  mkdir -p $(TOOLS_DIR).new/bin && cp $(addprefix $(TOOLS_DIR).tmp/build/bin/,$(TOOLS)) $(TOOLS_DIR).new/bin/ && \
 	  rm -rf $(TOOLS_DIR) $(TOOLS_DIR).tmp && mv $(TOOLS_DIR).new $(TOOLS_DIR)
 	@echo "llama.cpp tools in $(TOOLS_DIR)/bin"

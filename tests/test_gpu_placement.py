@@ -11,6 +11,8 @@ a 7B target decoding at CPU speed (45 ms a token instead of 5.7) that way.
 from __future__ import annotations
 
 import ctypes
+import platform
+from dataclasses import replace
 
 import pytest
 
@@ -201,6 +203,12 @@ def test_the_doctor_names_the_gpu_its_memory_and_what_holds_there() -> None:
     assert backend_line(gpu_build, (), 0) == "backend: CPU (AMD EPYC); GPU offload off (model.n_gpu_layers: 0)"
     assert "found none" in backend_line({**gpu_build, "gpus": ()}, (), -1)
     assert "no GPU backend" in backend_line({"gpu_offload": False, "devices": (CPU,), "gpus": ()}, (), -1)
+    # the CPU is named by llama.cpp's CPU device, on any system; Python's guess only where that has no name
+    unnamed = replace(CPU, description="?")
+    guess = platform.processor() or platform.machine()
+    assert backend_line({"gpu_offload": False, "devices": (unnamed, H200), "gpus": ()}, (), 0).startswith(
+        f"backend: CPU ({guess});"
+    )
     # models that fit the GPU are judged by its free memory, not by RAM
     assert memory_line(100 * 2**30, (H200,)).endswith("enough") and memory_line(100 * 2**30, (H200,)).startswith(
         "GPU memory"

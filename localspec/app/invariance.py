@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -372,6 +373,14 @@ def llama_build() -> dict[str, Any]:
         "patches": runtime.build_patches(),  # localspec's patches, as the library announces them
         "stamp": runtime.build_stamp() or {},  # what `make install` recorded about the wheel
     }
+
+
+def cpu_name(build: dict[str, Any] | None = None) -> str:
+    """The CPU's model name as llama.cpp's CPU device gives it (read from the system's own record on Linux,
+    macOS and Windows alike), else Python's guess: the one name the doctor, the bench and the GPU report show."""
+    found = (build or llama_build())["devices"]
+    cpu = next((device for device in found if device.kind == "CPU" and device.description not in ("", "?")), None)
+    return cpu.description if cpu else platform.processor() or platform.machine()
 
 
 def build_id() -> str:

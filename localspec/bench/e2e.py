@@ -24,7 +24,6 @@ Why it is built this way:
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +35,7 @@ import yaml
 
 from localspec.app.config import SpeculativeConfig
 from localspec.app.engine import llama_cpp_default_runs, reference_generator
-from localspec.app.invariance import llama_build
+from localspec.app.invariance import cpu_name, llama_build
 from localspec.app.remote import server_lines
 from localspec.bench.llamacpp import server_configs, start_servers
 from localspec.core.errors import ConfigError
@@ -348,13 +347,10 @@ def _attach_speedups(runs: list[Measurement], variants: Sequence[Variant]) -> No
 def machine(engine) -> dict[str, Any]:
     """The GPU and CPU the numbers come from and what decides them (the layers offloaded; AMX, AVX-512,
     repacked weights): the same bench differs by 1.5x between CPUs with and without AMX."""
-    model = platform.processor() or platform.machine()
     flags: set[str] = set()
-    try:
+    try:  # Linux lists the CPU's features here; elsewhere the header names the CPU alone
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and ":" in line:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and ":" in line:
+            if line.startswith("flags") and ":" in line:
                 flags = set(line.split(":", 1)[1].split())
                 break
     except OSError:
@@ -364,7 +360,7 @@ def machine(engine) -> dict[str, Any]:
     return {
         "gpus": [gpu.line() for gpu in llama_build()["gpus"]] if engine.settings.n_gpu_layers != 0 else [],
         "offload": {role: m.placement.offload.describe() for role, m in models.items() if m is not None},
-        "cpu": model,
+        "cpu": cpu_name(),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "flags": [f for f in wanted if f in flags],
         "weight_buffers": list(engine.target.weight_buffers),

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
-import platform
 import pstats
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ from typing import Any
 from localspec.app.config import Config
 from localspec.app.engine import Engine, hand_over_seconds, llama_settings, load_model
 from localspec.app.invariance import (
+    cpu_name,
     llama_build,
     measure_model,
     probe_tokens,
@@ -431,16 +431,6 @@ def _device(build: dict) -> str:
     return ", ".join(gpu.line() for gpu in gpus) if gpus else "the CPU (no GPU found)"
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main(argv: list[str] | None = None) -> int:
     from localspec.app.config import load_config
 
@@ -472,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     build = llama_build()
     result: dict[str, Any] = {
         "device": _device(build),
-        "cpu": _cpu(),
+        "cpu": cpu_name(),
         "hand_over_us": hand_over_seconds() * 1e6,
         "build": build,
         "date": time.strftime("%Y-%m-%d"),

@@ -14,7 +14,7 @@ import psutil
 from localspec import __version__
 from localspec.app.config import Config
 from localspec.app.engine import Engine, llama_settings
-from localspec.app.invariance import llama_build, measure_model
+from localspec.app.invariance import cpu_name, llama_build, measure_model
 from localspec.app.remote import server_lines
 from localspec.core.errors import LocalspecError
 
@@ -86,8 +86,7 @@ def backend_line(build: dict, gpus: tuple, n_gpu_layers: int) -> str:
     if gpus:
         layers = "all layers" if n_gpu_layers < 0 else f"up to {n_gpu_layers} layers (model.n_gpu_layers)"
         return f"backend: {gpus[0].backend} — {', '.join(gpu.line() for gpu in gpus)}; {layers} offloaded"
-    cpu = next((device for device in build["devices"] if device.kind == "CPU"), None)
-    where = f" ({cpu.description})" if cpu and cpu.description else ""
+    where = f" ({cpu_name(build)})"
     if not build["gpu_offload"]:
         return f"backend: CPU{where}; this build has no GPU backend"
     if n_gpu_layers == 0:
