@@ -5,9 +5,9 @@
 #   - x86-64 with AVX2 and without AVX-512 (most desktop and laptop CPUs), with and without AVX-VNNI
 #     (Intel's since the 12th Core generation), where an x86 host builds; the AVX-512 paths are the
 #     host's own build (make install);
-#   - 64-bit ARM with dot products, FP16 and int8 matrix multiplies (the CPU backend of Apple silicon,
-#     ARM servers), natively on an ARM host, else with the aarch64 cross compiler, which a root shell
-#     with apt-get installs here.
+#   - 64-bit ARM with dot products and FP16, with and without int8 matrix multiplies (the CPU backend of
+#     Apple silicon, ARM servers), natively on an ARM host, else with the aarch64 cross compiler, which a
+#     root shell with apt-get installs here.
 # Each patch's x86 kernels sit behind the instruction sets they use; a kernel left unguarded breaks one
 # of these builds, where the host's own build would not notice.
 # usage: patches/check_portable.sh SDIST STAMP PATCH...   (STAMP is touched once every build passed)
@@ -39,7 +39,13 @@ build() {  # build NAME CMAKE_ARGS...: configure and compile the patched librari
     echo "patches/series compiles for $name"
 }
 
-arm_arch=(-DGGML_CPU_ARM_ARCH=armv8.6-a+dotprod+fp16+i8mm)
+arm() {  # arm HOW CMAKE_ARGS...: both ARM builds
+    local how=$1
+    shift
+    build "64-bit ARM with int8 matrix multiplies$how" -DGGML_CPU_ARM_ARCH=armv8.6-a+dotprod+fp16+i8mm "$@"
+    build "64-bit ARM without int8 matrix multiplies$how" -DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod+fp16 "$@"
+}
+
 case $(uname -m) in
     x86_64 | amd64)
         build "x86-64 with AVX2, without AVX-512" -DGGML_AVX512=OFF
@@ -49,16 +55,15 @@ case $(uname -m) in
             apt-get update -qq > /dev/null && apt-get install -y -qq g++-aarch64-linux-gnu > /dev/null
         fi
         if command -v aarch64-linux-gnu-g++ > /dev/null; then
-            build "64-bit ARM (cross-compiled)" "${arm_arch[@]}" -DCMAKE_SYSTEM_NAME=Linux \
-                -DCMAKE_SYSTEM_PROCESSOR=aarch64 -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc \
-                -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++
+            arm " (cross-compiled)" -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 \
+                -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++
         else
             echo "64-bit ARM: not checked (no aarch64 cross compiler: apt-get install g++-aarch64-linux-gnu)"
             exit 0  # no stamp: the next run tries again
         fi
         ;;
     arm64 | aarch64)
-        build "64-bit ARM" "${arm_arch[@]}"
+        arm ""
         ;;
     *)
         build "$(uname -m)"

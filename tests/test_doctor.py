@@ -170,6 +170,12 @@ def test_when_nothing_helps_the_doctor_says_so_and_names_what_it_can() -> None:
                          loader({"something_else": True}, unfixable, []),
                          current, {**UNPATCHED, "llamafile": "on"})  # fmt: skip
     assert "llamafile" in llamafile.cause and "make install" in llamafile.fix
+    # an ARM build with int8 matrix multiplies pairs the rows of even batches, whatever the buffers: the cause
+    # and a build without them are named (measured under emulation: docs/design.md, Batch invariance)
+    arm = diagnose(report_for({"something_else": True}, unfixable), loader({"something_else": True}, unfixable, []),
+                   current, {**UNPATCHED, "int8_matmul": "on"})  # fmt: skip
+    assert "two rows at a time" in arm.cause and "armv8.2-a+dotprod+fp16" in arm.fix and arm.remedy is None
+    assert "ARM" not in found.cause + found.fix  # the control: an x86 build is not told about ARM
 
 
 def test_the_tiled_matmul_line_says_whether_it_is_safe() -> None:

@@ -253,6 +253,15 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
         "greedy and invariant output may differ from target-only where two tokens nearly tie, and rejection mode "
         "(the default) stays exact by its rule"
     )
+    if facts.get("int8_matmul") == "on" and device == "the CPU" and facts.get("rpc") != "yes":
+        return Diagnosis(
+            f"not found: {tried} {report.model} invariant on this ARM build; with int8 matrix multiplies "
+            "(MATMUL_INT8 = 1) llama.cpp's dot products take two rows at a time wherever a batch has an even number "
+            "of rows, and those round differently from a row alone",
+            'rebuild without them: `make install CMAKE_FLAGS="-DGGML_LLAMAFILE=OFF -DGGML_RPC=ON -DGGML_NATIVE=OFF '
+            '-DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod+fp16"` (batches cost more; greedy and invariant modes then load '
+            f"the target without extra buffers by themselves); until then {until}",
+        )
     if facts.get("rpc") == "yes":
         return Diagnosis(
             f"not found: {tried} {report.model} invariant on {device}; each RPC server computes its "
@@ -405,6 +414,7 @@ def build_facts(model) -> dict[str, str]:
         "patched": "yes" if "q4k_gemv_batch_invariant" in build["patches"] else "no",
         "cuda_patch": "yes" if runtime.CUDA_PATCH in build["patches"] else "no",
         "llamafile": "on" if "LLAMAFILE = 1" in build["system_info"] else "off",
+        "int8_matmul": "on" if "MATMUL_INT8 = 1" in build["system_info"] else "off",  # ARM's i8mm: rows in pairs
         "tiled": ("patched" if build["tiled_invariant"] else "on") if build["tiled_matmul"] else "off",
     }
 
