@@ -52,7 +52,7 @@ case $(uname -m) in
         build "x86-64 with AVX2 and AVX-VNNI, without AVX-512" -DGGML_AVX512=OFF -DGGML_AVX_VNNI=ON
         if ! command -v aarch64-linux-gnu-g++ > /dev/null && [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
             echo "installing the aarch64 cross compiler (g++-aarch64-linux-gnu) for the ARM build"
-            apt-get update -qq > /dev/null && apt-get install -y -qq g++-aarch64-linux-gnu > /dev/null
+            { apt-get update -qq && apt-get install -y -qq g++-aarch64-linux-gnu; } > /dev/null 2>&1 || true
         fi
         if command -v aarch64-linux-gnu-g++ > /dev/null; then
             arm " (cross-compiled)" -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 \
