@@ -235,6 +235,12 @@ def test_a_gpu_that_computes_batches_differently_is_named_with_what_still_holds(
                        {**UNPATCHED, "device": "CUDA0", "cuda_patch": "yes"})  # fmt: skip
     assert "localspec's CUDA patch" in patched.cause and "make install" not in patched.fix
     assert "rejection mode" in patched.fix
+    # Metal (here an Apple M2's, whose CPU pairs rows with int8 matrix multiplies): no CUDA patch to offer, and
+    # the CPU is not offered as invariant
+    metal = diagnose(report, loader({"the gpu kernels": True}, unfixable, []), current,
+                     {**UNPATCHED, "device": "MTL0", "int8_matmul": "on"})  # fmt: skip
+    assert "on MTL0" in metal.cause and "CUDA kernels only" in metal.cause and "make install" not in metal.fix
+    assert "rejection mode" in metal.fix and "n_gpu_layers: 0" not in metal.fix
     on_cpu = diagnose(report, loader({"the gpu kernels": True}, unfixable, []), current, UNPATCHED)
     assert "CUDA" not in on_cpu.cause and "x86 CPUs" in on_cpu.fix  # negative control: the CPU keeps its words
     flash = {"extra_buffers": False, "flash_attention": True}

@@ -270,13 +270,20 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
             f"where a batch computes each row as one row does; until then {until}",
         )
     if device != "the CPU":
-        until += "; model.n_gpu_layers: 0 keeps the target on the CPU, where it is invariant"
+        if facts.get("int8_matmul") != "on":  # an ARM CPU with int8 matrix multiplies is not invariant either
+            until += "; model.n_gpu_layers: 0 keeps the target on the CPU, where it is invariant"
         if facts.get("cuda_patch") == "yes":
             return Diagnosis(
                 f"not found: {tried} {report.model} invariant on {device}, although this build keeps batches of up "
                 "to 8 rows in the kernels of one row (localspec's CUDA patch): a kernel the patch does not cover "
                 "computes part of a row",
                 f"none known; {until}",
+            )
+        if "CUDA" not in device:  # Metal, Vulkan, ...: localspec's patch is CUDA's alone
+            return Diagnosis(
+                f"not found: {tried} {report.model} invariant on {device}; llama.cpp's kernels there compute a "
+                "batch of rows otherwise than one row, and localspec's patches cover NVIDIA's CUDA kernels only",
+                f"none known for this backend; {until}",
             )
         return Diagnosis(
             f"not found: {tried} {report.model} invariant on {device}; llama.cpp's GPU kernels for a "
