@@ -357,10 +357,11 @@ def machine(engine) -> dict[str, Any]:
         pass
     wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
     models = {"target": engine.target, "draft": engine.draft_model}
+    build = llama_build()
     return {
-        "gpus": [gpu.line() for gpu in llama_build()["gpus"]] if engine.settings.n_gpu_layers != 0 else [],
+        "gpus": [gpu.line() for gpu in build["gpus"]] if engine.settings.n_gpu_layers != 0 else [],
         "offload": {role: m.placement.offload.describe() for role, m in models.items() if m is not None},
-        "cpu": cpu_name(),
+        "cpu": cpu_name(build),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "flags": [f for f in wanted if f in flags],
         "weight_buffers": list(engine.target.weight_buffers),

@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     build = llama_build()
     result: dict[str, Any] = {
         "device": _device(build),
-        "cpu": cpu_name(),
+        "cpu": cpu_name(build),
         "hand_over_us": hand_over_seconds() * 1e6,
         "build": build,
         "date": time.strftime("%Y-%m-%d"),
