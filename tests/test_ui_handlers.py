@@ -1,6 +1,6 @@
 """The UI's handlers against the real engine on the demo pair — no browser.
 
-The handlers are plain methods of :class:`ui.app.ChatApp`; these tests call
+The handlers are plain methods of :class:`ui.handlers.ChatApp`; these tests call
 them exactly as Gradio would and check what the user would see (HTML spans
 with statuses and tooltips, notices, stats) and what the app keeps (plain-text
 history, traces that round-trip, replay verdicts).
@@ -20,8 +20,8 @@ from localspec.app.config import Config, load_config
 from localspec.app.conversation import Conversation
 from localspec.app.invariance import InvarianceReport
 from localspec.app.trace import Trace
-from localspec.ui.app import ChatApp, ChatState
 from localspec.ui.debug_view import STEP_COLUMNS
+from localspec.ui.handlers import ChatApp, ChatState
 from localspec.ui.render import rows_by_position
 from localspec.ui.session import Session, Settings
 from tests.conftest import GEMMA, TEST_THREADS, require, run_cli
@@ -420,7 +420,7 @@ def test_a_long_conversation_leaves_old_turns_out_instead_of_failing(demo_paths)
 
 def test_started_from_another_folder_paths_resolve_the_same(app, conversation, tmp_path, monkeypatch):
     """`cd $HOME && localspec ui`: the pair pickers offer paths that load, and saved traces are servable."""
-    from localspec.ui.app import allowed_paths, model_choices
+    from localspec.ui.handlers import allowed_paths, model_choices
 
     monkeypatch.chdir(tmp_path)
     config = app.session.config

@@ -232,6 +232,11 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
         if trial.identical:
             cause, fix = _explain(overrides, facts)
             return Diagnosis(cause, fix, overrides, trial)
+    return _unexplained(report.model, on, facts)
+
+
+def _unexplained(model: str, on: list[str], facts: dict[str, str]) -> Diagnosis:
+    """Where no setting restores invariance: the build's known cause, or what holds on this device until then."""
     weight = facts.get("weight_type", "?")
     if facts.get("tiled") == "on":
         return Diagnosis(
@@ -255,7 +260,7 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
     )
     if facts.get("int8_matmul") == "on" and device == "the CPU" and facts.get("rpc") != "yes":
         return Diagnosis(
-            f"not found: {tried} {report.model} invariant on this ARM build; with int8 matrix multiplies "
+            f"not found: {tried} {model} invariant on this ARM build; with int8 matrix multiplies "
             "(MATMUL_INT8 = 1) llama.cpp's dot products take two rows at a time wherever a batch has an even number "
             "of rows, and those round differently from a row alone",
             'rebuild without them: `make install CMAKE_FLAGS="-DGGML_LLAMAFILE=OFF -DGGML_RPC=ON -DGGML_NATIVE=OFF '
@@ -264,7 +269,7 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
         )
     if facts.get("rpc") == "yes":
         return Diagnosis(
-            f"not found: {tried} {report.model} invariant on {device}; each RPC server computes its "
+            f"not found: {tried} {model} invariant on {device}; each RPC server computes its "
             "layers with its own llama.cpp build and device",
             "run every server from this machine's build (`make install`, then `localspec rpc-server`) on its CPU, "
             f"where a batch computes each row as one row does; until then {until}",
@@ -274,26 +279,26 @@ def diagnose(report: InvarianceReport, load: Loader, suspects: dict[str, bool], 
             until += "; model.n_gpu_layers: 0 keeps the target on the CPU, where it is invariant"
         if facts.get("cuda_patch") == "yes":
             return Diagnosis(
-                f"not found: {tried} {report.model} invariant on {device}, although this build keeps batches of up "
+                f"not found: {tried} {model} invariant on {device}, although this build keeps batches of up "
                 "to 8 rows in the kernels of one row (localspec's CUDA patch): a kernel the patch does not cover "
                 "computes part of a row",
                 f"none known; {until}",
             )
         if "CUDA" not in device:  # Metal, Vulkan, ...: localspec's patch is CUDA's alone
             return Diagnosis(
-                f"not found: {tried} {report.model} invariant on {device}; llama.cpp's kernels there compute a "
+                f"not found: {tried} {model} invariant on {device}; llama.cpp's kernels there compute a "
                 "batch of rows otherwise than one row, and localspec's patches cover NVIDIA's CUDA kernels only",
                 f"none known for this backend; {until}",
             )
         return Diagnosis(
-            f"not found: {tried} {report.model} invariant on {device}; llama.cpp's GPU kernels for a "
+            f"not found: {tried} {model} invariant on {device}; llama.cpp's GPU kernels for a "
             "batch of rows are not those for one row (in its CUDA source: quantized matmuls change their reduction "
             "at 5 rows and their kernel above 8, and F16 attention products take the one-row kernel for one row only)",
             "run `make install` on this machine: its CUDA build carries localspec's patch that keeps batches of up "
             f"to 8 rows in the kernels of one row; until then {until}",
         )
     return Diagnosis(
-        f"not found: {tried} {report.model} ({weight}) invariant on this build",
+        f"not found: {tried} {model} ({weight}) invariant on this build",
         "none known; greedy and invariant output may differ from target-only with this model — "
         "a Q4_0/Q8_0/F32 or (with localspec's patched build) Q4_K_M copy is invariant on x86 CPUs",
     )

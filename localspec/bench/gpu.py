@@ -283,10 +283,20 @@ def _learned(engine: Engine) -> list[dict[str, Any]]:
 
 
 def render(result: dict[str, Any]) -> str:
-    """The markdown report."""
-    build, models = result["build"], result["models"]
+    """The markdown report: one section per stage, in the order they are measured."""
+    lines = _header(result) + _placement(result["models"]) + _costs(result["models"])
+    lines += _invariance(result["models"]) + _against_llama_bench(result) + _predictions(result["predictions"])
+    for e2e in result.get("end_to_end", []):
+        lines += _end_to_end(e2e)
+    for note in result.get("notes", []):
+        lines += ["", note]
+    return "\n".join(lines) + "\n"
+
+
+def _header(result: dict[str, Any]) -> list[str]:
+    build = result["build"]
     stamp = build["stamp"] or {}
-    lines = [
+    return [
         f"# localspec on {result['device']}",
         "",
         f"Measured {result['date']} by `{result['command']}` (`gpu/check.sh`).",
@@ -296,6 +306,11 @@ def render(result: dict[str, Any]) -> str:
         f"- llama-cpp-python {build['version']}, CMAKE_ARGS {stamp.get('cmake_args', '?')!r}, "
         f"patches {stamp.get('patch_hash', '?')}",
         f"- llama.cpp: {build['system_info']}",
+    ]
+
+
+def _placement(models: list[dict[str, Any]]) -> list[str]:
+    lines = [
         "",
         "## Where the weights went",
         "",
@@ -306,8 +321,13 @@ def render(result: dict[str, Any]) -> str:
         buffers = " + ".join(f"{name} {mib:,.0f} MiB" for name, mib in m["buffers"].items())
         file = f"{m['description']}, {m['size_mib']:,.0f} MiB"
         lines.append(f"| {m['label']} | {file} | {m['load_s']:.1f} s | {buffers} | {m['placement']} |")
+    return lines
+
+
+def _costs(models: list[dict[str, Any]]) -> list[str]:
+    """Each size after a decode of another size, then a few sizes decode after decode (the graph reused)."""
     shown = (1, 2, 4, 5, 8, 9, 16, 17, 32)
-    lines += [
+    lines = [
         "",
         "## A decode of n rows (ms, median)",
         "",
@@ -326,10 +346,13 @@ def render(result: dict[str, Any]) -> str:
         "|---|" + "---:|" * len(STEADY_ROWS),
     ]
     for m in models:
-        steady = m["ms_steady"]
-        cells = [f"{steady[n]:.2f} / {m['ms'][n]:.2f}" for n in STEADY_ROWS]
+        cells = [f"{m['ms_steady'][n]:.2f} / {m['ms'][n]:.2f}" for n in STEADY_ROWS]
         lines.append(f"| {m['label']} | " + " | ".join(cells) + " |")
-    lines += [
+    return lines
+
+
+def _invariance(models: list[dict[str, Any]]) -> list[str]:
+    lines = [
         "",
         "## Batch invariance: a batch of n rows against the same rows one at a time",
         "",
@@ -339,31 +362,39 @@ def render(result: dict[str, Any]) -> str:
         "|---|" + "---:|" * len(INVARIANCE_ROWS),
     ]
     for m in models:
-        lines.append(
-            f"| {m['label']} | " + " | ".join("=" if d == 0 else f"{d:.2g}" for d in m["batch_diff"].values()) + " |"
-        )
-    lines += [""] + [f"- doctor's probe, {m['label']}: {m['probe']}" for m in models]
-    if result.get("llama_bench"):
-        lines += [
-            "",
-            "## Target alone against llama.cpp's own decoding (llama-bench from the same build)",
-            "",
-            "Both after the same cached tokens (the depth); localspec's is one row decoded again and again.",
-            "",
-            "| model | depth | llama-bench tg128 (tok/s) | localspec, one row at a time (tok/s) | localspec / llama |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        for m in models:
-            theirs = result["llama_bench"].get(m["label"], {})
-            mine = 1000 / m["ms_steady"][1]
-            depth = m.get("depth", "?")
-            if "tokens_per_second" in theirs:
-                rate = theirs["tokens_per_second"]
-                lines.append(f"| {m['label']} | {depth} | {rate:.1f} | {mine:.1f} | {mine / rate:.2f} |")
-            else:
-                lines.append(f"| {m['label']} | {depth} | {theirs.get('error', '–')} | {mine:.1f} | – |")
+        cells = ["=" if diff == 0 else f"{diff:.2g}" for diff in m["batch_diff"].values()]
+        lines.append(f"| {m['label']} | " + " | ".join(cells) + " |")
+    return lines + [""] + [f"- doctor's probe, {m['label']}: {m['probe']}" for m in models]
+
+
+def _against_llama_bench(result: dict[str, Any]) -> list[str]:
+    """localspec's one row decode after decode against llama-bench's tg128 at the same depth."""
+    if not result.get("llama_bench"):
+        return []
+    lines = [
+        "",
+        "## Target alone against llama.cpp's own decoding (llama-bench from the same build)",
+        "",
+        "Both after the same cached tokens (the depth); localspec's is one row decoded again and again.",
+        "",
+        "| model | depth | llama-bench tg128 (tok/s) | localspec, one row at a time (tok/s) | localspec / llama |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for m in result["models"]:
+        theirs = result["llama_bench"].get(m["label"], {})
+        mine = 1000 / m["ms_steady"][1]
+        depth = m.get("depth", "?")
+        if "tokens_per_second" in theirs:
+            rate = theirs["tokens_per_second"]
+            lines.append(f"| {m['label']} | {depth} | {rate:.1f} | {mine:.1f} | {mine / rate:.2f} |")
+        else:
+            lines.append(f"| {m['label']} | {depth} | {theirs.get('error', '–')} | {mine:.1f} | – |")
+    return lines
+
+
+def _predictions(predicted: list[dict[str, Any]]) -> list[str]:
     names = list(REAL_PAIR_ACCEPTANCE)
-    lines += [
+    lines = [
         "",
         "## Predicted speedup over the target alone (best K), from these costs",
         "",
@@ -374,56 +405,57 @@ def render(result: dict[str, Any]) -> str:
         "| target | drafter | cost ratio | " + " | ".join(names) + " |",
         "|---|---|---:|" + "---:|" * len(names),
     ]
-    for row in result["predictions"]:
+    for row in predicted:
         cells = [f"{speedup:.2f}× (K {k})" for k, speedup in (row["best"][n] for n in names)]
         lines.append(f"| {row['target']} | {row['drafter']} | {row['cost_ratio']:.2f} | " + " | ".join(cells) + " |")
-    for e2e in result.get("end_to_end", []):
-        lines += [
-            "",
-            f"## End to end: {e2e['pair']}",
-            "",
-            e2e["table"],
-            "",
-            "Greedy at fixed K against target-only:",
-            "",
-        ]
-        for check in e2e["identity"]:
-            verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
-            lines.append(f"- {check['prompt']}, K = {check['k']}: {check['tokens']} tokens, {verdict}")
-        if e2e.get("learned"):
-            lines += ["", "What adaptive drafting learnt (ms): a change of batch size, each size in a row:", ""]
-        for learned in e2e.get("learned", []):
-            sizes = ", ".join(f"{rows} {ms:.2f}" for rows, ms in learned["verify_ms"].items())
-            switch = f"{learned['switch_ms']:.2f}" if learned["switch_ms"] is not None else "not measured"
-            draft = f"{learned['draft_ms']:.2f}" if learned["draft_ms"] is not None else "not timed"
-            lines.append(f"- {learned['mode']}: a change {switch}; rows {sizes}; a drafted token {draft}")
-        for run in e2e.get("profile", []):
-            for key, temperature in (("split_greedy", "0"), ("split", "0.7")):
-                split = run.get(key)
-                if split:
-                    lines += [
-                        "",
-                        f"A reply of the {run['variant']} without the profiler ({run['prompt']}, T = {temperature}): "
-                        f"{split['step']:.3f} ms a step — plan {split['plan']:.3f}, draft model "
-                        f"{split['draft']:.3f}, llama_decode until the device is done {split['verify']:.3f}, the "
-                        f"rest {split['other']:.3f} (copying the logits, sampling, the loop's Python)",
-                    ]
+    return lines
+
+
+def _end_to_end(e2e: dict[str, Any]) -> list[str]:
+    """One pair's bench table, greedy against target-only, what the controller learnt and the loop's own time."""
+    lines = ["", f"## End to end: {e2e['pair']}", "", e2e["table"], "", "Greedy at fixed K against target-only:", ""]
+    for check in e2e["identity"]:
+        verdict = "identical" if check["identical"] else f"DIFFERS from token {check['first_difference']}"
+        lines.append(f"- {check['prompt']}, K = {check['k']}: {check['tokens']} tokens, {verdict}")
+    if e2e.get("learned"):
+        lines += ["", "What adaptive drafting learnt (ms): a change of batch size, each size in a row:", ""]
+    for learned in e2e.get("learned", []):
+        sizes = ", ".join(f"{rows} {ms:.2f}" for rows, ms in learned["verify_ms"].items())
+        switch = f"{learned['switch_ms']:.2f}" if learned["switch_ms"] is not None else "not measured"
+        draft = f"{learned['draft_ms']:.2f}" if learned["draft_ms"] is not None else "not timed"
+        lines.append(f"- {learned['mode']}: a change {switch}; rows {sizes}; a drafted token {draft}")
+    for run in e2e.get("profile", []):
+        lines += _loop_time(run)
+    return lines
+
+
+def _loop_time(run: dict[str, Any]) -> list[str]:
+    """A reply's step split without the profiler (T = 0 and 0.7), then where cProfile finds the loop's own time."""
+    lines = []
+    for key, temperature in (("split_greedy", "0"), ("split", "0.7")):
+        split = run.get(key)
+        if split:
             lines += [
                 "",
-                f"The loop's own time, {run['variant']} ({run['prompt']}, T = 0.7, {run['steps']} steps, cProfile: "
-                f"about twice Python's real time): {run['ms_per_step']:.3f} ms a step, most of it in",
-                "",
-                "| function | ms a step |",
-                "|---|---:|",
+                f"A reply of the {run['variant']} without the profiler ({run['prompt']}, T = {temperature}): "
+                f"{split['step']:.3f} ms a step — plan {split['plan']:.3f}, draft model "
+                f"{split['draft']:.3f}, llama_decode until the device is done {split['verify']:.3f}, the "
+                f"rest {split['other']:.3f} (copying the logits, sampling, the loop's Python)",
             ]
-            lines += [f"| `{name}` | {ms:.3f} |" for name, ms in run["functions"]]
-            if run.get("extra"):
-                lines += ["", "What the default spends a step beyond the target alone:", "",
-                          "| function | ms a step more |", "|---|---:|"]  # fmt: skip
-                lines += [f"| `{name}` | {ms:.3f} |" for name, ms in run["extra"]]
-    for note in result.get("notes", []):
-        lines += ["", note]
-    return "\n".join(lines) + "\n"
+    lines += [
+        "",
+        f"The loop's own time, {run['variant']} ({run['prompt']}, T = 0.7, {run['steps']} steps, cProfile: "
+        f"about twice Python's real time): {run['ms_per_step']:.3f} ms a step, most of it in",
+        "",
+        "| function | ms a step |",
+        "|---|---:|",
+    ]
+    lines += [f"| `{name}` | {ms:.3f} |" for name, ms in run["functions"]]
+    if run.get("extra"):
+        lines += ["", "What the default spends a step beyond the target alone:", "",
+                  "| function | ms a step more |", "|---|---:|"]  # fmt: skip
+        lines += [f"| `{name}` | {ms:.3f} |" for name, ms in run["extra"]]
+    return lines
 
 
 def _device(build: dict) -> str:

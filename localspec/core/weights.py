@@ -16,8 +16,8 @@ import numpy as np
 
 from localspec.core.errors import SamplingError
 
-#: Inverse-CDF sampling works on blocks: the cumulative sum of a 50k-entry row
-#: costs ~150 µs (it cannot be vectorised), the sums of 256-entry blocks ~15 µs.
+#: Inverse-CDF sampling works on blocks: a cumulative sum over a whole row cannot
+#: be vectorised, the sums of 256-entry blocks can (a tenth of its cost).
 _SAMPLE_BLOCK = 256
 
 #: The hot path (no filter, no penalty) never writes a whole row: it computes the weights one slice at
@@ -101,8 +101,8 @@ def _index_at(weights: np.ndarray, x: float, cdf: np.ndarray, block: int) -> int
 def exp_scaled(raw: np.ndarray, best: np.float64, scale: float, out: np.ndarray) -> np.ndarray:
     """``exp((raw - best) * scale)`` in float64, written into ``out``: the one way a weight is computed from
     a raw logit (a slice of a row, one element of it, a draft's head), so every path gets the same bits.
-    Cast, then subtract: the fused ``subtract(raw, best, dtype=float64)``'s bits, a quarter faster (13 ->
-    10 us a slice of 32,768: a plain cast loop, no casting buffer)."""
+    Cast, then subtract: the fused ``subtract(raw, best, dtype=float64)``'s bits, faster (a plain cast loop,
+    no casting buffer)."""
     np.copyto(out, raw)
     out -= best
     out *= scale
@@ -246,8 +246,8 @@ class Weights:
     def _slice(self, start: int, out: np.ndarray | None = None, size: int = _SLICE) -> np.ndarray:
         """The weights from ``start``, ``size`` of them (read from the full row once it exists). A token's
         probability asks for one element: numpy's exp gives an element the same bits alone as inside a
-        slice (its vector loop masks the tail; the tests compare every path), and that one element
-        costs 2 us where its slice cost 50."""
+        slice (its vector loop masks the tail; the tests compare every path), at a small fraction of
+        the slice's cost."""
         if self._w is not None:
             return self._w[start : start + size]
         if self._parts is not None:  # never in place on a part's own slice: it may be that part's full row

@@ -89,10 +89,10 @@ class Offload:
 
 CPU_ONLY = Offload(0, 0, False)
 
-#: On a CUDA GPU a decode of another size than the model's last one makes llama.cpp build its graph anew: on the
-#: H100 the 0.5B draft's one-row decode took 1.66 ms decode after decode and 4.75 ms after another size, and a
-#: batch of 2-8 rows after another size 5.7-6.1 ms (docs/gpu.md). A draft alternates its catch-up (the tokens it
-#: has not read, usually one or two) with one-row proposals, so up to this many tokens it reads one row at a time.
+#: On a CUDA GPU a decode of another size than the model's last one makes llama.cpp build (and capture) its graph
+#: anew, which costs a small draft more than reading a few rows one at a time (docs/gpu.md, "Next on a GPU"). A
+#: draft alternates its catch-up (the tokens it has not read, usually one or two) with one-row proposals, so up to
+#: this many tokens it reads one row at a time.
 ONE_ROW_CATCH_UP = 4
 
 
