@@ -12,11 +12,17 @@ PYTHON      ?= python3
 VENV        ?= .venv
 BIN         := $(VENV)/bin
 LLAMA_CPP   := 0.3.36
-# CUDA only where both the compiler and a GPU are present (nvcc alone is not enough)
-CUDA_FLAG   := $(if $(and $(shell command -v nvcc 2>/dev/null),$(shell nvidia-smi -L 2>/dev/null)),-DGGML_CUDA=on,)
+comma       := ,
+# CUDA only where both the compiler and a GPU are present (nvcc alone is not enough). nvcc is looked for on PATH,
+# then where the CUDA toolkit installs it without touching PATH (CUDA_DIRS); CMake is then told where it is
+CUDA_DIRS   ?= $(if $(CUDA_HOME),$(CUDA_HOME)/bin) /usr/local/cuda/bin
+NVIDIA_GPU  := $(shell nvidia-smi -L 2>/dev/null)
+NVCC_PATH   := $(shell command -v nvcc 2>/dev/null)
+NVCC        := $(or $(NVCC_PATH),$(firstword $(wildcard $(addsuffix /nvcc,$(CUDA_DIRS)))))
+CUDA_FLAG   := $(if $(and $(NVCC),$(NVIDIA_GPU)),-DGGML_CUDA=on$(if $(NVCC_PATH),, -DCMAKE_CUDA_COMPILER=$(NVCC)),)
+CPU_ON_GPU  := $(if $(and $(NVIDIA_GPU),$(if $(NVCC),,none)),an NVIDIA GPU is present but no CUDA compiler (nvcc on PATH$(comma) in CUDA_HOME/bin or /usr/local/cuda/bin): building for the CPU. Install the CUDA toolkit and run make install again to use the GPU,)
 # Linux: a C++ runtime a toolchain links statically into each library stays private to it; exported, the
 # libraries bind to each other's copy and a CUDA model load crashed (docs/gpu.md, "The crash at load")
-comma       := ,
 PRIVATE_CXX := $(if $(filter Linux,$(shell uname -s)),-DCMAKE_SHARED_LINKER_FLAGS=-Wl$(comma)--exclude-libs$(comma)ALL,)
 # RPC: a target split over machines with llama.cpp's rpc-server (docs/rpc.md)
 CMAKE_FLAGS ?= -DGGML_LLAMAFILE=OFF -DGGML_RPC=ON $(CUDA_FLAG) $(PRIVATE_CXX)
@@ -46,6 +52,7 @@ $(STAMP): pyproject.toml $(PATCHES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@if ! ls $(WHEEL_DIR)/llama_cpp_python-*.whl >/dev/null 2>&1; then \
 	  echo "building llama-cpp-python $(LLAMA_CPP) with CMAKE_ARGS='$(strip $(CMAKE_FLAGS))' and $(words $(PATCHES)) patch(es) (first time only, ~6 minutes)"; \
+	  $(if $(CPU_ON_GPU),echo "note: $(CPU_ON_GPU)";) \
 	  rm -rf $(WHEEL_DIR).tmp && mkdir -p $(WHEEL_DIR).tmp/src && \
 	  $(PIP) download -q --no-deps --no-binary :all: --no-cache-dir -d $(WHEEL_DIR).tmp "llama-cpp-python==$(LLAMA_CPP)" && \
 	  tar -xzf $(WHEEL_DIR).tmp/llama_cpp_python-$(LLAMA_CPP).tar.gz -C $(WHEEL_DIR).tmp/src --strip-components=1 && \
@@ -92,10 +99,12 @@ patches-check: $(SDIST)
 
 # the series compiles for x86-64 without AVX-512 and for 64-bit ARM too (patches/check_portable.sh says how),
 # checked once per set of patches and version of the check: a stamp in the cache records the pass
-PORTABLE_KEY := $(shell $(PYTHON) -c "import hashlib;print(hashlib.sha256(open('patches/check_portable.sh','rb').read()).hexdigest()[:12])")
+# (and the CUDA files for NVIDIA GPUs where nvcc is found, with the GPU check's candidate patches: gpu/candidates/)
+CANDIDATES := $(wildcard gpu/candidates/*.patch)
+PORTABLE_KEY := $(shell $(PYTHON) -c "import hashlib,sys;print(hashlib.sha256(b''.join(open(p,'rb').read() for p in sys.argv[1:])).hexdigest()[:12])" patches/check_portable.sh $(CANDIDATES))
 PORTABLE := $(HOME)/.cache/localspec/patches-portable-$(PATCH_HASH)-$(PORTABLE_KEY)
 patches-portable: $(SDIST)
-	@test -e $(PORTABLE) || patches/check_portable.sh $(SDIST) $(PORTABLE) $(PATCHES)
+	@test -e $(PORTABLE) || PYTHON=$(PYTHON) patches/check_portable.sh $(SDIST) $(PORTABLE) $(PATCHES) $(CANDIDATES)
 
 # Before a patch change lands (minutes, not CI): the speed patches change no bit. A second venv gets a
 # wheel with only the invariance patches; both builds write the logits of the same models (the real and demo
@@ -136,6 +145,7 @@ doctor: install
 
 # the flags `make install` builds llama-cpp-python with here (gpu/check.sh builds with them on a GPU machine)
 cmake-flags:
+	@$(if $(CPU_ON_GPU),echo "note: $(CPU_ON_GPU)" >&2,true)
 	@echo $(strip $(CMAKE_FLAGS))
 
 # what the GPU check (gpu/check.sh, docs/gpu.md) carries to a lent GPU machine: .gpu/ and .gpu2/

@@ -306,3 +306,69 @@ def test_the_doctor_lists_each_weight_buffer_with_its_size_and_the_split() -> No
         "weights (draft): CUDA0 265 MiB + CPU_Mapped 73 MiB, up to 512 rows per decode (up to 4 tokens one row "
         "at a time: one graph for every decode) — all 24 layers and the output on CUDA0 (no CPU extra buffers)"
     )
+
+
+# ----------------------------------------------------------------------
+# a machine with an NVIDIA GPU gets a CUDA build, or is told why not
+def _tool(folder, name: str, script: str):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text("#!/bin/sh\n" + script + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_make_install_builds_with_cuda_where_nvcc_and_a_gpu_are_found(tmp_path) -> None:
+    """nvcc on PATH, or where the CUDA toolkit puts it without touching PATH, and a GPU that nvidia-smi lists:
+    a CUDA build. A GPU without nvcc: a CPU build and a note that says why. Only the tools named here are on
+    PATH (and sh, uname, grep, echo, true), so a CUDA toolkit on the machine that runs the test changes nothing."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base = tmp_path / "base"
+    for name in ("sh", "uname", "grep", "echo", "true"):
+        base.mkdir(exist_ok=True)
+        (base / name).symlink_to(shutil.which(name))
+    gpu, no_gpu, toolkit = tmp_path / "gpu", tmp_path / "no-gpu", tmp_path / "cuda" / "bin"
+    _tool(gpu, "nvidia-smi", '[ "$1" = -L ] && echo "GPU 0: NVIDIA GeForce RTX 4090 (UUID: GPU-0)"')
+    _tool(no_gpu, "nvidia-smi", "echo 'NVIDIA-SMI has failed' >&2; exit 9")
+    nvcc = _tool(toolkit, "nvcc", "echo nvcc")
+
+    def flags(*path, cuda_dirs) -> tuple[str, str]:
+        done = subprocess.run(
+            [shutil.which("make"), "-s", "cmake-flags", f"PYTHON={sys.executable}", f"CUDA_DIRS={cuda_dirs}"],
+            cwd=root, env={"PATH": os.pathsep.join(map(str, (*path, base))), "HOME": str(tmp_path)},
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return done.stdout, done.stderr
+
+    out, err = flags(toolkit, gpu, cuda_dirs=tmp_path / "none")
+    assert "-DGGML_CUDA=on" in out and "CMAKE_CUDA_COMPILER" not in out and err == ""  # CMake finds it on PATH
+    out, err = flags(gpu, cuda_dirs=toolkit)
+    assert f"-DGGML_CUDA=on -DCMAKE_CUDA_COMPILER={nvcc}" in out and err == ""
+    out, err = flags(gpu, cuda_dirs=tmp_path / "none")
+    assert "CUDA" not in out and "an NVIDIA GPU is present but no CUDA compiler" in err and "make install" in err
+    # controls: nvcc without a GPU is a CPU build, and says nothing
+    out, err = flags(toolkit, no_gpu, cuda_dirs=toolkit)
+    assert "CUDA" not in out and err == ""
+
+
+def test_the_doctor_says_when_a_build_without_cuda_leaves_a_gpu_idle(tmp_path, monkeypatch) -> None:
+    from localspec.cli.doctor import backend_line, nvidia_gpus
+
+    _tool(tmp_path, "nvidia-smi", 'echo "GPU 0: NVIDIA GeForce RTX 4090 (UUID: GPU-0)"; echo "GPU 1: NVIDIA A10"')
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert nvidia_gpus() == ("NVIDIA GeForce RTX 4090", "NVIDIA A10")
+    cpu_build = {"gpu_offload": False, "devices": (CPU,), "gpus": ()}
+    line = backend_line(cpu_build, (), -1, nvidia_gpus())
+    assert line.startswith("backend: CPU (AMD EPYC); this build has no GPU backend, but this machine has NVIDIA")
+    assert "Install the CUDA toolkit, then run `make install`" in line
+    # controls: no nvidia-smi, or one that lists nothing, leaves the plain line
+    _tool(tmp_path, "nvidia-smi", "exit 9")
+    assert nvidia_gpus() == ()
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert nvidia_gpus() == ()
+    assert backend_line(cpu_build, (), -1, nvidia_gpus()) == "backend: CPU (AMD EPYC); this build has no GPU backend"

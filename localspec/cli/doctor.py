@@ -8,6 +8,9 @@ pair and words the result.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 
 import psutil
 
@@ -74,24 +77,42 @@ def machine_lines(config: Config, build: dict) -> list[str]:
     need = sum(path.stat().st_size for path in paths if path.exists())
     return [
         *server_lines(config.model.rpc_servers),
-        backend_line(build, gpus, config.model.n_gpu_layers),
+        backend_line(build, gpus, config.model.n_gpu_layers, () if build["gpu_offload"] else nvidia_gpus()),
         f"threads: {llama_settings(config).resolved_threads()} (of {os.cpu_count()} logical CPUs); "
         f"flash attention {'on' if config.model.flash_attention else 'off'}; n_ctx {config.model.n_ctx}",
         memory_line(need, gpus),
     ]
 
 
-def backend_line(build: dict, gpus: tuple, n_gpu_layers: int) -> str:
-    """Where the models compute: the GPUs llama.cpp offloads to (named, with their memory), or the CPU and why."""
+def backend_line(build: dict, gpus: tuple, n_gpu_layers: int, unused_gpus: tuple[str, ...] = ()) -> str:
+    """Where the models compute: the GPUs llama.cpp offloads to (named, with their memory), or the CPU and why
+    (``unused_gpus``: NVIDIA GPUs the machine has that a build without CUDA leaves idle)."""
     if gpus:
         layers = "all layers" if n_gpu_layers < 0 else f"up to {n_gpu_layers} layers (model.n_gpu_layers)"
         return f"backend: {gpus[0].backend} — {', '.join(gpu.line() for gpu in gpus)}; {layers} offloaded"
     where = f" ({cpu_name(build)})"
+    if not build["gpu_offload"] and unused_gpus:
+        return (
+            f"backend: CPU{where}; this build has no GPU backend, but this machine has {', '.join(unused_gpus)}: "
+            "it was built without a CUDA compiler (nvcc). Install the CUDA toolkit, then run `make install`, which "
+            "finds nvcc on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin and builds with CUDA"
+        )
     if not build["gpu_offload"]:
         return f"backend: CPU{where}; this build has no GPU backend"
     if n_gpu_layers == 0:
         return f"backend: CPU{where}; GPU offload off (model.n_gpu_layers: 0)"
     return f"backend: CPU{where}; this build can offload to a GPU but llama.cpp found none"
+
+
+def nvidia_gpus() -> tuple[str, ...]:
+    """The NVIDIA GPUs ``nvidia-smi -L`` lists by name ("NVIDIA GeForce RTX 4090"); none where it is absent."""
+    if shutil.which("nvidia-smi") is None:
+        return ()
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(m.group(1).strip() for m in re.finditer(r"^GPU \d+: (.+?)(?: \(UUID:.*)?$", listed, re.MULTILINE))
 
 
 def memory_line(need: int, gpus: tuple) -> str:
