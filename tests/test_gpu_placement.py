@@ -372,3 +372,35 @@ def test_the_doctor_says_when_a_build_without_cuda_leaves_a_gpu_idle(tmp_path, m
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert nvidia_gpus() == ()
     assert backend_line(cpu_build, (), -1, nvidia_gpus()) == "backend: CPU (AMD EPYC); this build has no GPU backend"
+
+
+def test_the_chat_and_the_ui_say_where_each_model_computes(monkeypatch) -> None:
+    """The chat's header and the UI's badge name each model's layers and their device: a GPU build that left a
+    model on the CPU shows at a glance."""
+    from types import SimpleNamespace
+
+    from localspec.app import engine as engine_module
+    from localspec.app.engine import Engine
+
+    monkeypatch.setattr(runtime, "devices", lambda: (CPU, H200))
+    monkeypatch.setattr(engine_module, "cpu_name", lambda build=None: "AMD EPYC")
+
+    def where(target: Offload, draft: Offload | None) -> str:
+        def model(offload):
+            return SimpleNamespace(placement=SimpleNamespace(offload=offload))
+
+        pair = SimpleNamespace(target=model(target), draft_model=model(draft) if draft else None,
+                               settings=SimpleNamespace(resolved_threads=lambda: 2))  # fmt: skip
+        return Engine.compute_line.fget(pair)
+
+    gpu_target, gpu_draft = offload_plan(28, -1, ("CUDA0",)), offload_plan(24, -1, ("CUDA0",))
+    assert where(gpu_target, gpu_draft) == (
+        "target: all 28 layers and the output on CUDA0 (NVIDIA H200); "
+        "draft: all 24 layers and the output on CUDA0 (NVIDIA H200)"
+    )
+    partly = where(offload_plan(28, 10, ("CUDA0",)), None)
+    assert partly == "target: 9 of 28 layers and the output on CUDA0 (NVIDIA H200)"  # the output counts as one
+    assert where(gpu_target, CPU_ONLY).endswith("; draft: on the CPU (AMD EPYC, 2 threads)")
+    # control: a pair on the CPU is one phrase, with no GPU named
+    assert where(CPU_ONLY, CPU_ONLY) == "both models on the CPU (AMD EPYC, 2 threads)"
+    assert where(CPU_ONLY, None) == "the target on the CPU (AMD EPYC, 2 threads)"

@@ -106,6 +106,7 @@ def test_two_turns_colours_kv_reuse_and_save(tmp_path) -> None:
     child = spawn_chat("--temperature", "0", "--max-tokens", "24")
     legend = screen_text(child.before)
     assert "legend:" in legend and "\x1b[32maccepted" in legend and "\x1b[31mcorrected" in legend
+    assert re.search(r"both models on the CPU \(.+, 1 threads\)", legend), legend  # where the pair computes
 
     reply1, stats1 = ask(child, "What is the capital of France? Answer in one sentence.")
     reply2, stats2 = ask(child, "And the capital of Italy?")

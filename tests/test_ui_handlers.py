@@ -282,7 +282,7 @@ def test_incompatible_pair_shows_error_and_the_app_stays_usable(app, demo_paths)
     before = app.session.engine
     notice, badge = app.load_pair(str(target), str(GEMMA))
     assert "ls-notice-error" in notice and "cannot draft for target" in notice
-    assert "still using" in notice and "Q4_1" in badge
+    assert "still using" in notice and "Q4_1" in badge and "both models on the CPU (" in badge
     assert app.session.engine is before
     notice, _ = app.load_pair(str(target), "models/does-not-exist.gguf")
     assert "does-not-exist.gguf" in notice and app.session.engine is before

@@ -21,6 +21,7 @@ from localspec.app.invariance import (
     InvarianceReport,
     build_facts,
     build_id,
+    cpu_name,
     diagnose,
     load_cached,
     measure_model,
@@ -116,6 +117,23 @@ class Engine:
             f"warning: the draft {self.draft_model.name} ({draft_mb:.0f} MiB) is not smaller than the target "
             f"{self.target.name} ({target_mb:.0f} MiB), so speculation can only be slower; swap them "
             "(--target/--draft) or choose a smaller draft"
+        )
+
+    @property
+    def compute_line(self) -> str:
+        """Where the pair computes, for the chat's header and the UI's badge: each model's layers on the devices
+        llama.cpp gave them, by name (a GPU build that left a model on the CPU shows at a glance)."""
+        from localspec.llama.runtime import devices
+
+        cpu = f"the CPU ({cpu_name()}, {self.settings.resolved_threads()} threads)"
+        models = [(role, model) for role, model in (("target", self.target), ("draft", self.draft_model)) if model]
+        offloads = [(role, model.placement.offload) for role, model in models]
+        if not any(offload.output_on_gpu for _, offload in offloads):
+            return f"{'both models' if len(offloads) > 1 else 'the target'} on {cpu}"
+        names = {device.name: device.description for device in devices() if device.kind != "CPU"}
+        return "; ".join(
+            f"{role}: " + (offload.describe(names) if offload.output_on_gpu else f"on {cpu}")
+            for role, offload in offloads
         )
 
     @property

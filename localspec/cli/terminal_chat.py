@@ -163,6 +163,7 @@ class ChatSession:
         """Chat until /quit, Ctrl-D or Ctrl-C at the prompt; returns the exit status (0)."""
         self.say(self.style.bold(f"localspec chat · {self.engine.pair_name}"))
         self.note(self.settings_line())
+        self.note(self.engine.compute_line)
         self.say(self.style.legend())
         self.note("/help for commands · Ctrl-C stops a reply · Ctrl-D or /quit leaves")
         while True:

@@ -75,12 +75,14 @@ class Offload:
             where.append("the CPU")
         return " + ".join(where)
 
-    def describe(self) -> str:
+    def describe(self, names: dict[str, str] | None = None) -> str:
         """``all 28 layers and the output on CUDA0``, ``4 of 28 layers and the output on CUDA0``, ``on the CPU``,
-        ``all 28 layers on RPC[a:1] + RPC[b:2], the output here``."""
+        ``all 28 layers on RPC[a:1] + RPC[b:2], the output here``; ``names`` adds a device's name where given
+        (``CUDA0 (NVIDIA H200)``)."""
         if not self.output_on_gpu:
             return "on the CPU"
-        where = " + ".join(self.devices) or "the GPU"
+        names = names or {}
+        where = " + ".join(f"{d} ({names[d]})" if names.get(d) else d for d in self.devices) or "the GPU"
         share = "all" if self.gpu_blocks >= self.layers else f"{self.gpu_blocks} of"
         if self.output_here:
             return f"{share} {self.layers} layers on {where}, the output here"

@@ -222,7 +222,9 @@ class ChatApp:
         return notice_html(f"loaded {name}", "ok"), self.badge()
 
     def badge(self) -> str:
-        return f'<span class="ls-badge" id="ls-pair-badge">{html.escape(self.session.pair_name)}</span>'
+        where = self.session.engine.compute_line if self.session.loaded else ""
+        line = f'<div class="ls-where" id="ls-where">{html.escape(where)}</div>' if where else ""
+        return f'<span class="ls-badge" id="ls-pair-badge">{html.escape(self.session.pair_name)}</span>{line}'
 
     # --- debugging view ------------------------------------------------------
     def debug_outputs(self, state: ChatState) -> tuple[Any, ...]:

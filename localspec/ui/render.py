@@ -370,7 +370,7 @@ def notice_html(message: str, kind: str = "error") -> str:
     return f'<div class="ls-notice ls-notice-{kind}" role="alert">{icon} {html.escape(message)}</div>'
 
 
-def stats_html(speed: Any | None, pair: str = "") -> str:
+def stats_html(speed: Any | None) -> str:
     """The live stats panel: tok/s, acceptance, tokens per step, measured vs predicted speedup, verdict."""
 
     def card(label: str, value: str, hint: str = "", key: str = "") -> str:
@@ -381,11 +381,9 @@ def stats_html(speed: Any | None, pair: str = "") -> str:
             + "</div>"
         )
 
-    pair_line = f'<div class="ls-pair">{html.escape(pair)}</div>' if pair else ""
     if speed is None or not speed.tokens:
         return (
-            f'<div class="ls-stats" id="ls-stats">{pair_line}'
-            '<div class="ls-muted">Stats appear as the reply streams.</div></div>'
+            '<div class="ls-stats" id="ls-stats"><div class="ls-muted">Stats appear as the reply streams.</div></div>'
         )
     speedup = f"{speed.measured_speedup:.2f}×" if speed.measured_speedup is not None else "–"
     predicted = f"predicted {speed.predicted_speedup:.2f}×" if speed.predicted_speedup is not None else ""
@@ -406,4 +404,4 @@ def stats_html(speed: Any | None, pair: str = "") -> str:
         if speed.verdict
         else ""
     )
-    return f'<div class="ls-stats" id="ls-stats">{pair_line}<div class="ls-cards">{cards}</div>{verdict}</div>'
+    return f'<div class="ls-stats" id="ls-stats"><div class="ls-cards">{cards}</div>{verdict}</div>'

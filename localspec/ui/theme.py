@@ -21,6 +21,7 @@ CSS = """
 #ls-header .ls-sub { color: var(--body-text-color-subdued); font-size: .92rem; }
 .ls-badge { display:inline-block; margin-top: 10px; font-size:.82rem; padding:3px 10px; border-radius:999px;
   border:1px solid var(--border-color-primary); background: var(--background-fill-secondary); }
+.ls-where { color: var(--body-text-color-subdued); font-size: .76rem; margin-top: 3px; }
 
 /* tokens: tint + a distinct underline style per fate, so colour is never the only cue */
 .ls-tok { border-radius: 3px; padding: 0 .5px; cursor: pointer; text-decoration-thickness: 2px;
@@ -90,7 +91,6 @@ pre.ls-code .ls-tok { text-underline-offset: 4px; }
 .dark .ls-notice-ok { color: #86efac; }
 
 .ls-stats { display:flex; flex-direction:column; gap: 10px; }
-.ls-pair { font-size: .8rem; color: var(--body-text-color-subdued); word-break: break-all; }
 .ls-cards { display:grid; grid-template-columns: 1fr 1fr; gap: 8px; }
 .ls-card { border:1px solid var(--border-color-primary); border-radius: 12px; padding: 8px 10px;
   background: var(--background-fill-primary); }
