@@ -33,6 +33,7 @@ def start(tmp_path_factory, *extra: str):
 def server(demo_paths, tmp_path_factory):
     """A server with an API key and room for one waiting request; yields (base URL, process)."""
     with start(tmp_path_factory, "--api-key", KEY, "--queue-limit", "1") as (line, proc, _):
+        assert "; both models on the CPU (" in line, line  # the ready line says where the pair computes
         yield line.split()[2], proc
 
 
@@ -294,9 +295,10 @@ def test_ui_and_api_in_one_process(demo_paths, tmp_path_factory) -> None:
     port = _free_port()
     args = ["ui", "--api", "--port", str(port), "--threads", str(TEST_THREADS), "--pair", "demo"]
     log_path = tmp_path_factory.mktemp("ui-api") / "server.log"
-    with running_server(args, "localspec UI: ", log_path, server_env()) as (_, _, log):
+    with running_server(args, "localspec UI: ", log_path, server_env()) as (line, _, log):
         base = f"http://127.0.0.1:{port}"
         assert f"localspec API: {base}/v1" in log.read()
+        assert "; both models on the CPU (" in line  # where the pair computes, in the line a user reads first
         text, fates = stream_fates(base + "/v1", "demo")
         assert text and fates
         assert httpx.get(base + "/v1/models").json()["data"][0]["id"] == "demo"

@@ -17,19 +17,25 @@ def options_of(config: Config) -> ServeOptions:
 
 
 class _Server(uvicorn.Server):
-    """Says where it listens once the socket is bound (with port 0, the port it got): the line to wait for."""
+    """Says where it listens once the socket is bound (with port 0, the port it got), and where the pair
+    computes: the line to wait for."""
+
+    def __init__(self, config: uvicorn.Config, computing: str) -> None:
+        super().__init__(config)
+        self.computing = computing
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if self.started and self.servers:
             host, port = self.servers[0].sockets[0].getsockname()[:2]
-            print(f"localspec API: http://{host}:{port}/v1 (OpenAI-compatible; Ctrl-C stops)", flush=True)
+            print(f"localspec API: http://{host}:{port}/v1 (OpenAI-compatible; {self.computing}; Ctrl-C stops)",
+                  flush=True)  # fmt: skip
 
 
 def run(engine, config: Config) -> None:
     app = create_app(engine, config, options_of(config))
     server = _Server(uvicorn.Config(app, host=config.serve.host, port=config.serve.port, log_level="warning",
-                                    timeout_graceful_shutdown=5))  # fmt: skip
+                                    timeout_graceful_shutdown=5), engine.compute_line)  # fmt: skip
     server.run()
 
 

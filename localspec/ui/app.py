@@ -398,7 +398,8 @@ def launch(config: Config, api: Callable[..., None] | None = None) -> None:
             api(demo.server_app, lambda: session.engine, config)
             print(f"localspec API: http://{host}:{port}/v1 (OpenAI-compatible, sharing the UI's models)", flush=True)
         # printed once the server answers: scripts (and the tests) wait for this line, not for a clock
-        print(f"localspec UI: http://{host}:{port}  (pair: {session.pair_name}; Ctrl-C to stop)", flush=True)
+        computing = f"; {session.engine.compute_line}" if session.loaded else ""
+        print(f"localspec UI: http://{host}:{port}  (pair: {session.pair_name}{computing}; Ctrl-C to stop)", flush=True)
         demo.block_thread()
     finally:
         session.close()
