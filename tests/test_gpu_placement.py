@@ -404,3 +404,36 @@ def test_the_chat_and_the_ui_say_where_each_model_computes(monkeypatch) -> None:
     # control: a pair on the CPU is one phrase, with no GPU named
     assert where(CPU_ONLY, CPU_ONLY) == "both models on the CPU (AMD EPYC, 2 threads)"
     assert where(CPU_ONLY, None) == "the target on the CPU (AMD EPYC, 2 threads)"
+
+
+@pytest.mark.parametrize(
+    ("failure", "says"),
+    [
+        (
+            "libcuda.so.1: cannot open shared object file: No such file or directory",
+            "built for CUDA and NVIDIA's driver library does not load (",
+        ),
+        ("libggml-base.so: undefined symbol: ggml_abort", "llama-cpp-python is not importable ("),
+    ],
+)
+def test_a_build_whose_libraries_do_not_load_says_why_in_one_line(tmp_path, failure: str, says: str) -> None:
+    """llama-cpp-python's loader raises RuntimeError when a shared library does not load: a CUDA build whose
+    machine lost its NVIDIA driver misses libcuda. Every command then says so in one line with the fix, no
+    traceback; the loader's failure is stood in by a package of that name ahead of the installed one."""
+    import os
+    import subprocess
+    import sys
+
+    package = tmp_path / "llama_cpp"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        f"raise RuntimeError(\"Failed to load shared library '/venv/llama_cpp/lib/libllama.so': {failure}\")\n"
+    )
+    for command in (["doctor", "--pair", "demo"], ["generate", "--pair", "demo", "hello"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "localspec", *command], env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip().count("\n") == 0 and says in done.stderr and failure in done.stderr
+        assert "make install" in done.stderr

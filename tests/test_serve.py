@@ -306,6 +306,21 @@ def test_ui_and_api_in_one_process(demo_paths, tmp_path_factory) -> None:
         assert page.status_code == 200 and "gradio" in page.text.lower()
 
 
+def test_the_ui_starts_with_a_pair_that_does_not_load_and_says_why_where_it_was_started(tmp_path) -> None:
+    """A pair that does not load leaves the page up (its Model pair panel loads another); the terminal that
+    started it reads why, before the ready line, not only the page."""
+    from .conftest import _free_port
+
+    port = _free_port()
+    args = ["ui", "--port", str(port), "--target", str(tmp_path / "gone.gguf"), "--draft", str(tmp_path / "d.gguf")]
+    with running_server(args, "localspec UI: ", tmp_path / "server.log", server_env()) as (line, _, log):
+        said = log.read()
+        assert "(not loaded)" in line and "both models" not in line
+        assert said.index("the pair did not load: ") < said.index("localspec UI: "), said
+        assert "gone.gguf" in said.split("the pair did not load: ")[1].splitlines()[0]
+        assert httpx.get(f"http://127.0.0.1:{port}/").status_code == 200
+
+
 def test_text_that_is_not_valid_unicode_gets_a_reply_and_unknown_routes_an_api_error(server) -> None:
     """A lone surrogate is valid JSON ("\\ud800") but no UTF-8: it becomes U+FFFD, the request is answered
     and the connection serves on; an unknown route or method answers in the API's error shape."""

@@ -125,12 +125,13 @@ class Engine:
         llama.cpp gave them, by name (a GPU build that left a model on the CPU shows at a glance)."""
         from localspec.llama.runtime import devices
 
-        cpu = f"the CPU ({cpu_name()}, {self.settings.resolved_threads()} threads)"
+        found = devices()
+        cpu = f"the CPU ({cpu_name({'devices': found})}, {self.settings.resolved_threads()} threads)"
         models = [(role, model) for role, model in (("target", self.target), ("draft", self.draft_model)) if model]
         offloads = [(role, model.placement.offload) for role, model in models]
         if not any(offload.output_on_gpu for _, offload in offloads):
             return f"{'both models' if len(offloads) > 1 else 'the target'} on {cpu}"
-        names = {device.name: device.description for device in devices() if device.kind != "CPU"}
+        names = {device.name: device.description for device in found if device.kind != "CPU"}
         return "; ".join(
             f"{role}: " + (offload.describe(names) if offload.output_on_gpu else f"on {cpu}")
             for role, offload in offloads

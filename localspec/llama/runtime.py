@@ -26,10 +26,26 @@ from typing import Any
 
 from localspec.core.errors import ModelError
 
+
+def unloadable_message(error: BaseException) -> str:
+    """Why llama-cpp-python does not import, and the fix, in one line.
+
+    Its loader raises RuntimeError when a shared library does not load. A CUDA build on a machine whose
+    NVIDIA driver is gone (a container started without the GPU, a driver removed) misses libcuda; `make
+    install` builds for what the machine has now, the CPU where no GPU answers.
+    """
+    if "libcuda" in str(error):
+        return (
+            f"llama-cpp-python was built for CUDA and NVIDIA's driver library does not load ({error}): "
+            "check that `nvidia-smi` lists the GPU, or run `make install` to rebuild for this machine"
+        )
+    return f"llama-cpp-python is not importable ({error}); run `make install` to build it"
+
+
 try:
     import llama_cpp.llama_cpp as C  # noqa: N812 - the C API, named as in llama.cpp's docs
-except ImportError as _error:  # pragma: no cover - exercised only on a broken install
-    raise ModelError(f"llama-cpp-python is not importable ({_error}); run `make install` to build it") from None
+except (ImportError, OSError, RuntimeError) as _error:  # a broken or foreign install (tests/test_gpu_placement.py)
+    raise ModelError(unloadable_message(_error)) from None
 
 # llama.cpp's CPU backend computes K-quant matmuls of 8 or more rows with a "tiled" kernel and
 # fewer rows with vec_dot. Stock, the two round differently (Qwen2.5 Q4_K_M: max |diff| 0.38-0.59 at

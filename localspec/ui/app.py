@@ -17,6 +17,7 @@ import os
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # before gradio is imported: no telemetry, no version check
 
 import inspect  # noqa: E402
+import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
@@ -358,11 +359,12 @@ def launch(config: Config, api: Callable[..., None] | None = None) -> None:
     from .theme import CSS, HEAD
 
     session = Session(config)
-    startup_notice = ""
+    startup_notice, load_error = "", ""
     try:
         warning = session.engine.pair_warning()  # load now: the first message is fast, a bad pair is reported
         startup_notice = notice_html(warning) if warning else ""
     except LocalspecError as error:
+        load_error = f"{error}"
         startup_notice = notice_html(f"{error} — fix the pair under “Model pair” and press Load pair")
     app = ChatApp(session)
     demo = build(app, startup_notice)
@@ -398,6 +400,9 @@ def launch(config: Config, api: Callable[..., None] | None = None) -> None:
             api(demo.server_app, lambda: session.engine, config)
             print(f"localspec API: http://{host}:{port}/v1 (OpenAI-compatible, sharing the UI's models)", flush=True)
         # printed once the server answers: scripts (and the tests) wait for this line, not for a clock
+        if load_error:  # the page says it too; whoever started the UI from a terminal reads it here first
+            print(f"the pair did not load: {load_error} (the page's Model pair panel loads another)", file=sys.stderr,
+                  flush=True)  # fmt: skip
         computing = f"; {session.engine.compute_line}" if session.loaded else ""
         print(f"localspec UI: http://{host}:{port}  (pair: {session.pair_name}{computing}; Ctrl-C to stop)", flush=True)
         demo.block_thread()
