@@ -111,6 +111,40 @@ def test_truncated_gguf(tmp_path) -> None:
     assert "truncated.gguf could not be loaded" in line and "truncated or corrupt" in line
 
 
+def test_a_model_too_large_for_memory_is_not_called_corrupt() -> None:
+    """Memory llama.cpp could not allocate is no corrupt file: the message names the buffer, its size and the
+    fix. A real load of the demo target (513 MiB of F32, read into memory: use_mmap false) in a process whose
+    address space allows 300 MiB more than it has: llama.cpp's own allocation fails. Control: the same load
+    without the limit succeeds, so the limit is what failed it."""
+    import subprocess
+    import sys
+
+    script = f"""
+import re, resource, sys
+from localspec.llama import runtime
+from localspec.llama.model import LlamaModel, LlamaSettings
+runtime.start()
+if sys.argv[1] == "limited":
+    size = int(re.search(r"VmSize:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (size + 300 * 2**20, resource.RLIM_INFINITY))
+try:
+    LlamaModel({str(TARGET)!r}, LlamaSettings(use_mmap=False, n_ctx=256), role="target").close()
+    print("loaded")
+except Exception as error:
+    print(f"{{type(error).__name__}}: {{error}}")
+"""
+    said = {
+        limit: subprocess.run(
+            [sys.executable, "-c", script, limit], capture_output=True, text=True, timeout=300, cwd=ROOT
+        ).stdout.strip()  # fmt: skip
+        for limit in ("limited", "free")
+    }
+    assert said["free"] == "loaded", said
+    expected = "target model SmolLM2-135M-Instruct.F32.gguf does not fit in memory: llama.cpp could not allocate"
+    assert said["limited"].startswith(f"ModelError: {expected} its CPU buffer of 513 MiB"), said
+    assert "model.use_mmap: true" in said["limited"] and "corrupt" not in said["limited"]
+
+
 def test_incompatible_pair_names_the_first_differing_token() -> None:
     line = one_error_line(run_cli("generate", "hi", "--draft", str(GEMMA)))
     assert "token 0 is '<|endoftext|>' in the target but '<pad>' in the draft" in line

@@ -437,3 +437,30 @@ def test_a_build_whose_libraries_do_not_load_says_why_in_one_line(tmp_path, fail
         assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
         assert done.stderr.strip().count("\n") == 0 and says in done.stderr and failure in done.stderr
         assert "make install" in done.stderr
+
+
+def test_a_target_too_large_for_the_gpu_is_told_to_offload_fewer_layers() -> None:
+    """llama.cpp's log of a CUDA load that runs out of GPU memory (its lines as ggml-cuda, ggml-alloc and
+    llama_model_load write them): the message names the device's buffer, its size and offloading fewer layers,
+    not a corrupt file; a corrupt file's reason is quoted from llama_model_load's line."""
+    from pathlib import Path
+
+    from localspec.llama.model import load_failure
+
+    cuda_out_of_memory = [
+        "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 18432.00 MiB on device 0: cudaMalloc failed: "
+        "out of memory\n",
+        "alloc_tensor_range: failed to allocate CUDA0 buffer of size 19327352832\n",
+        "llama_model_load: error loading model: unable to allocate CUDA0 buffer\n",
+        "llama_model_load_from_file_impl: failed to load model\n",
+    ]  # fmt: skip
+    said = load_failure("target", Path("/m/qwen-32b.gguf"), cuda_out_of_memory, mapped=True)
+    assert said.startswith("target model qwen-32b.gguf does not fit in CUDA0's free memory: llama.cpp could not")
+    assert "allocate its CUDA0 buffer of 18,432 MiB; offload fewer layers (--n-gpu-layers N" in said
+    corrupt = [
+        "llama_model_load: error loading model: tensor 'blk.16.ffn_down.weight' data is not within the file bounds\n",
+        "llama_model_load_from_file_impl: failed to load model\n",
+    ]  # fmt: skip
+    said = load_failure("draft", Path("/m/d.gguf"), corrupt, mapped=True)
+    assert said.startswith("draft model /m/d.gguf could not be loaded (llama.cpp: tensor 'blk.16.ffn_down.weight' "
+                           "data is not within the file bounds); the file is truncated or corrupt")  # fmt: skip

@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -94,6 +95,32 @@ def check_gguf_file(path: Path, role: str) -> None:
         raise ModelError(f"{role} model {path} is not a GGUF file (starts with {magic!r}); {hint}")
     if size < 1024:
         raise ModelError(f"{role} model {path} is truncated ({size} bytes); {hint}")
+
+
+UNALLOCATED = re.compile(r"failed to allocate (\S+) buffer of size (\d+)")  # ggml-alloc's line, any backend
+LOAD_REASON = re.compile(r"error loading model: (.+)")  # llama_model_load's line: the exception's message
+
+
+def load_failure(role: str, path: Path, log_lines: Sequence[str], mapped: bool) -> str:
+    """Why llama.cpp did not load a model, with the fix that fits, from its log: memory it could not allocate
+    (a target too large for the GPU is the common case there) is no corrupt file, and re-downloading it
+    would not help."""
+    short = next((found for line in reversed(log_lines) if (found := UNALLOCATED.search(line))), None)
+    if short:
+        buffer, mib = short.group(1), int(short.group(2)) / 2**20
+        if buffer.startswith("CPU"):
+            where = "memory"
+            fix = "free memory or pick a smaller pair" + ("" if mapped else ", or set model.use_mmap: true")
+        else:
+            where = f"{buffer}'s free memory"
+            fix = (
+                "offload fewer layers (--n-gpu-layers N, model.n_gpu_layers), pick a smaller pair, or free memory there"
+            )
+        return (f"{role} model {path.name} does not fit in {where}: llama.cpp could not allocate its {buffer} "
+                f"buffer of {mib:,.0f} MiB; {fix}")  # fmt: skip
+    reason = next((found.group(1).strip() for line in reversed(log_lines) if (found := LOAD_REASON.search(line))), "")
+    return (f"{role} model {path} could not be loaded" + (f" (llama.cpp: {reason})" if reason else "")
+            + "; the file is truncated or corrupt — re-download it or run `localspec models prepare`")  # fmt: skip
 
 
 def choose_placement(settings: LlamaSettings, role: str, path: Path) -> WeightPlacement:
@@ -177,12 +204,7 @@ class LlamaModel:
         log().model_layers.clear()
         model = compute(C.llama_model_load_from_file, str(self.path).encode("utf-8"), mparams)
         if not model:
-            detail = log().last_error()
-            raise ModelError(
-                f"{self.role} model {self.path} could not be loaded"
-                + (f" (llama.cpp: {detail})" if detail else "")
-                + "; the file is truncated or corrupt — re-download it or run `localspec models prepare`"
-            )
+            raise ModelError(load_failure(self.role, self.path, [line for _, line in log().lines], settings.use_mmap))
         self._model = model
         self.weight_buffer_mib = dict(log().model_buffers)  # e.g. {"CUDA0": 934.4, "CPU_Mapped": 223.4}
         self.weight_buffers = tuple(self.weight_buffer_mib)  # e.g. ("AMX", "CPU_Mapped")
@@ -221,7 +243,9 @@ class LlamaModel:
             raise ModelError(
                 f"could not create a context of {settings.n_ctx} tokens for {self.path.name}"
                 + (f" (llama.cpp: {detail})" if detail else "")
-                + "; lower model.n_ctx or free memory"
+                + "; lower model.n_ctx"
+                + (", offload fewer layers (--n-gpu-layers N)" if self.placement.offload.gpu_blocks else "")
+                + " or free memory"
             )
         return context
 
