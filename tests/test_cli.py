@@ -141,7 +141,7 @@ except Exception as error:
     }
     assert said["free"] == "loaded", said
     expected = "target model SmolLM2-135M-Instruct.F32.gguf does not fit in memory: llama.cpp could not allocate"
-    assert said["limited"].startswith(f"ModelError: {expected} its CPU buffer of 513 MiB"), said
+    assert said["limited"].startswith(f"OutOfMemoryError: {expected} its CPU buffer of 513 MiB"), said
     assert "model.use_mmap: true" in said["limited"] and "corrupt" not in said["limited"]
 
 

@@ -445,6 +445,7 @@ def test_a_target_too_large_for_the_gpu_is_told_to_offload_fewer_layers() -> Non
     not a corrupt file; a corrupt file's reason is quoted from llama_model_load's line."""
     from pathlib import Path
 
+    from localspec.core.errors import OutOfMemoryError
     from localspec.llama.model import load_failure
 
     cuda_out_of_memory = [
@@ -454,13 +455,17 @@ def test_a_target_too_large_for_the_gpu_is_told_to_offload_fewer_layers() -> Non
         "llama_model_load: error loading model: unable to allocate CUDA0 buffer\n",
         "llama_model_load_from_file_impl: failed to load model\n",
     ]  # fmt: skip
-    said = load_failure("target", Path("/m/qwen-32b.gguf"), cuda_out_of_memory, mapped=True)
+    error = load_failure("target", Path("/m/qwen-32b.gguf"), cuda_out_of_memory, mapped=True)
+    said = str(error)
+    assert isinstance(error, OutOfMemoryError)  # a swap releases what is loaded and tries again
     assert said.startswith("target model qwen-32b.gguf does not fit in CUDA0's free memory: llama.cpp could not")
     assert "allocate its CUDA0 buffer of 18,432 MiB; offload fewer layers (--n-gpu-layers N" in said
     corrupt = [
         "llama_model_load: error loading model: tensor 'blk.16.ffn_down.weight' data is not within the file bounds\n",
         "llama_model_load_from_file_impl: failed to load model\n",
     ]  # fmt: skip
-    said = load_failure("draft", Path("/m/d.gguf"), corrupt, mapped=True)
+    error = load_failure("draft", Path("/m/d.gguf"), corrupt, mapped=True)
+    said = str(error)
+    assert not isinstance(error, OutOfMemoryError)
     assert said.startswith("draft model /m/d.gguf could not be loaded (llama.cpp: tensor 'blk.16.ffn_down.weight' "
                            "data is not within the file bounds); the file is truncated or corrupt")  # fmt: skip

@@ -291,6 +291,76 @@ def test_incompatible_pair_shows_error_and_the_app_stays_usable(app, demo_paths)
     assert notice == "" and spans(chat_html)
 
 
+SWAP_UNDER_A_MEMORY_LIMIT = """
+import re, resource, sys
+from localspec.app.config import Config, load_config
+from localspec.app.engine import Engine
+from localspec.core.errors import OutOfMemoryError
+from localspec.ui.handlers import ChatApp, ChatState
+from localspec.ui.session import Session, Settings
+
+target, draft, big_target, big_draft, threads = sys.argv[1:]
+config = load_config().with_overrides({"model.target": target, "model.draft": draft, "model.use_mmap": False,
+                                       "model.n_ctx": 512, "model.threads": int(threads)})
+
+
+def address_space() -> int:
+    return int(re.search(r"VmSize:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
+
+
+def replies(app) -> bool:
+    settings = Settings.from_config(Config()).replace(max_tokens=4, adaptive=False)
+    *_, last = app.respond("Hi", ChatState(), settings, key="swap")
+    return last[2] == "" and "data-status" in last[0]
+
+
+Engine(config).close()  # the process's one-time costs (threads, arenas) first
+before = address_space()
+session = Session(config)
+app = ChatApp(session)
+_ = session.engine
+pair = address_space() - before
+resource.setrlimit(resource.RLIMIT_AS, (address_space() + pair // 2, resource.RLIM_INFINITY))
+try:
+    Engine(config).close()
+    print("control: a second pair loaded")
+except OutOfMemoryError:
+    print("control: no room for a second pair")
+print("swap:", app.load_pair(target, draft)[0])
+print("replies:", replies(app))
+session.engine._reload_target({"n_batch": 256})
+print("reloaded target:", session.engine.settings.n_batch, replies(app))
+print("too large:", app.load_pair(big_target, big_draft)[0])
+print("loaded:", session.loaded)
+print("replies again:", replies(app), session.engine.pair_name)
+"""
+
+
+def test_a_pair_swap_where_memory_holds_only_one_pair_releases_the_old_pair_first(demo_paths, tmp_path):
+    """Memory that holds one pair but not two (a GPU's, typically): loading the next pair, or the target again
+    with other settings, releases the old one first instead of failing; a pair that does not fit even alone
+    says so, and the next message loads the old pair again. Real loads of the demo pair read into memory
+    (use_mmap false) in a process whose address space allows half a pair more than one; control: a second
+    pair beside the first fails there."""
+    import subprocess
+    import sys
+
+    from tests.conftest import QWEN_DRAFT, QWEN_TARGET
+
+    require(QWEN_TARGET, QWEN_DRAFT)
+    target, draft, _ = demo_paths
+    args = [str(target), str(draft), str(QWEN_TARGET), str(QWEN_DRAFT), str(TEST_THREADS)]
+    done = subprocess.run([sys.executable, "-c", SWAP_UNDER_A_MEMORY_LIMIT, *args], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    said = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+    assert done.returncode == 0 and said.get("control") == "no room for a second pair", done.stdout + done.stderr
+    assert "ls-notice-ok" in said["swap"] and said["replies"] == "True", said
+    assert said["reloaded target"] == "256 True", said
+    assert "ls-notice-error" in said["too large"] and "qwen2.5-coder-1.5b" in said["too large"], said
+    assert f"even with {target.name} + {draft.name} released" in said["too large"], said
+    assert said["loaded"] == "False" and said["replies again"] == f"True {target.name} + {draft.name}", said
+
+
 def test_trace_save_and_load_round_trip(app, conversation, tmp_path):
     state = ChatState(Conversation(turns=list(conversation[1].turns[:1])), view=conversation[1].turns[0].trace)
     live = state.view

@@ -33,7 +33,7 @@ from localspec.app.invariance import (
 from localspec.app.records import with_position_records
 from localspec.app.templates import ChatTemplate, Message, build_messages
 from localspec.app.usertext import clean
-from localspec.core.errors import ConfigError, ModelError
+from localspec.core.errors import ConfigError, LocalspecError, ModelError, OutOfMemoryError
 from localspec.core.events import GenerationResult, StepEvent, TokenEvent
 from localspec.core.loop import SpeculativeDecoder
 from localspec.core.options import GenerationOptions
@@ -378,15 +378,31 @@ class Engine:
         self._reload_target({})
 
     def _reload_target(self, overrides: dict) -> None:
-        """Swap in the target loaded with ``overrides``; its KV cache starts empty."""
+        """Swap in the target loaded with ``overrides``; its KV cache starts empty. Where memory cannot hold two
+        copies, the old one goes first, with nothing computing meanwhile; if the new one fails alone too, the
+        old one is loaded again and the failure raised, so the engine serves as it did."""
         settings = replace(self.settings, **overrides)
-        target = load_model(self.target_path, settings, "target")
+        try:
+            target = load_model(self.target_path, settings, "target")  # the old target serves meanwhile
+        except OutOfMemoryError:
+            with self.lock:
+                self.target.close()
+                try:
+                    self._use_target(load_model(self.target_path, settings, "target"), settings)
+                except LocalspecError:
+                    self._use_target(load_model(self.target_path, self.settings, "target"), self.settings)
+                    raise
+            return
         with self.lock:
-            old, self.target, self.settings = self.target, target, settings
-            self.drafter = _lookup_on(self.drafter, target)  # prompt lookup reads the new target's vocabulary
-            self.decoder = speculative_decoder(self.target, self.target, self.drafter)
-            self._target_token_s = None
-            self._learned_key = self._remembered()
+            self._use_target(target, settings)
+
+    def _use_target(self, target, settings) -> None:
+        """``target``, loaded with ``settings``, in place of the current one, which is closed (the lock held)."""
+        old, self.target, self.settings = self.target, target, settings
+        self.drafter = _lookup_on(self.drafter, target)  # prompt lookup reads the new target's vocabulary
+        self.decoder = speculative_decoder(self.target, self.target, self.drafter)
+        self._target_token_s = None
+        self._learned_key = self._remembered()
         old.close()
 
 

@@ -20,6 +20,11 @@ class ModelError(LocalspecError):
     """A model file is missing, not GGUF, truncated, or failed to load."""
 
 
+class OutOfMemoryError(ModelError):
+    """A model or its context does not fit in its device's free memory (a GPU's, or RAM); what is loaded
+    already may be what fills it, so a swap releases the old model and tries again."""
+
+
 class IncompatiblePairError(LocalspecError):
     """Target and draft cannot be used together (vocabulary, special tokens, memory type)."""
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.core.errors import IncompatiblePairError, ModelError, PromptTooLongError
+from localspec.core.errors import IncompatiblePairError, ModelError, OutOfMemoryError, PromptTooLongError
 from localspec.llama import rpc, runtime
 from localspec.llama.placement import (
     CPU_ONLY,
@@ -101,7 +101,7 @@ UNALLOCATED = re.compile(r"failed to allocate (\S+) buffer of size (\d+)")  # gg
 LOAD_REASON = re.compile(r"error loading model: (.+)")  # llama_model_load's line: the exception's message
 
 
-def load_failure(role: str, path: Path, log_lines: Sequence[str], mapped: bool) -> str:
+def load_failure(role: str, path: Path, log_lines: Sequence[str], mapped: bool) -> ModelError:
     """Why llama.cpp did not load a model, with the fix that fits, from its log: memory it could not allocate
     (a target too large for the GPU is the common case there) is no corrupt file, and re-downloading it
     would not help."""
@@ -116,11 +116,12 @@ def load_failure(role: str, path: Path, log_lines: Sequence[str], mapped: bool) 
             fix = (
                 "offload fewer layers (--n-gpu-layers N, model.n_gpu_layers), pick a smaller pair, or free memory there"
             )
-        return (f"{role} model {path.name} does not fit in {where}: llama.cpp could not allocate its {buffer} "
-                f"buffer of {mib:,.0f} MiB; {fix}")  # fmt: skip
+        return OutOfMemoryError(f"{role} model {path.name} does not fit in {where}: llama.cpp could not allocate "
+                                f"its {buffer} buffer of {mib:,.0f} MiB; {fix}")  # fmt: skip
     reason = next((found.group(1).strip() for line in reversed(log_lines) if (found := LOAD_REASON.search(line))), "")
-    return (f"{role} model {path} could not be loaded" + (f" (llama.cpp: {reason})" if reason else "")
-            + "; the file is truncated or corrupt — re-download it or run `localspec models prepare`")  # fmt: skip
+    said = f" (llama.cpp: {reason})" if reason else ""
+    fix = "the file is truncated or corrupt — re-download it or run `localspec models prepare`"
+    return ModelError(f"{role} model {path} could not be loaded{said}; {fix}")
 
 
 def choose_placement(settings: LlamaSettings, role: str, path: Path) -> WeightPlacement:
@@ -204,7 +205,7 @@ class LlamaModel:
         log().model_layers.clear()
         model = compute(C.llama_model_load_from_file, str(self.path).encode("utf-8"), mparams)
         if not model:
-            raise ModelError(load_failure(self.role, self.path, [line for _, line in log().lines], settings.use_mmap))
+            raise load_failure(self.role, self.path, [line for _, line in log().lines], settings.use_mmap)
         self._model = model
         self.weight_buffer_mib = dict(log().model_buffers)  # e.g. {"CUDA0": 934.4, "CPU_Mapped": 223.4}
         self.weight_buffers = tuple(self.weight_buffer_mib)  # e.g. ("AMX", "CPU_Mapped")
@@ -240,7 +241,7 @@ class LlamaModel:
         if not context:
             detail = log().last_error()
             self.close()
-            raise ModelError(
+            raise (OutOfMemoryError if "allocate" in detail else ModelError)(
                 f"could not create a context of {settings.n_ctx} tokens for {self.path.name}"
                 + (f" (llama.cpp: {detail})" if detail else "")
                 + "; lower model.n_ctx"

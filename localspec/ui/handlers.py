@@ -210,11 +210,18 @@ class ChatApp:
 
     # --- model pair --------------------------------------------------------
     def load_pair(self, target: str, draft: str) -> tuple[str, str]:
-        """(notice html, header badge). On any error the previous pair stays loaded and usable."""
+        """(notice html, header badge). On any error the previous pair stays usable: loaded, or loaded again with
+        the next message where it was released to make room."""
+        loaded, before = self.session.loaded, self.session.pair_name
         try:
             name = self.session.load_pair(target, draft)
         except LocalspecError as error:
-            keep = f" — still using {self.session.pair_name}" if self.session.loaded else ""
+            if self.session.loaded:
+                keep = f" — still using {before}"
+            elif loaded:
+                keep = f" — even with {before} released to make room; the next message loads it again"
+            else:
+                keep = ""
             return notice_html(f"{error}{keep}"), self.badge()
         warning = self.session.engine.pair_warning()
         if warning:

@@ -22,7 +22,7 @@ from typing import Any
 
 from localspec.app.config import Config, SamplingConfig, absolute_path, describe
 from localspec.app.trace import Trace
-from localspec.core.errors import ConfigError, LocalspecError
+from localspec.core.errors import ConfigError, LocalspecError, OutOfMemoryError
 from localspec.core.options import GenerationOptions
 from localspec.core.perf import predicted_speedup, slows_down, speedup_verdict
 
@@ -171,7 +171,9 @@ class Session:
         return f"{Path(self.config.model.target).name} + {Path(self.config.model.draft).name} (not loaded)"
 
     def load_pair(self, target: str, draft: str) -> str:
-        """Build an engine for a new pair; on failure raise and keep the old one. Returns the pair name."""
+        """Build an engine for a new pair; on failure raise and keep the old one, unless memory could not hold
+        both pairs: then the old one is released first, and loaded again on next use if the new one fails
+        alone too. Returns the pair name."""
         target, draft = (target or "").strip(), (draft or "").strip()
         if not target:
             raise ConfigError("the target model path is empty; choose a .gguf file")
@@ -182,10 +184,18 @@ class Session:
             "model.draft": absolute_path(draft, Path.cwd()),
         })  # fmt: skip
         with self._swap:
-            engine = self._factory(config)  # raises: the old engine stays
-            old, self._engine, self.config = self._engine, engine, config
+            old = self._engine
+            try:
+                engine = self._factory(config)  # the old pair serves meanwhile; a failure leaves it in place
+            except OutOfMemoryError:
+                if old is None:
+                    raise
+                self._engine = None  # no room for both: the old goes first; the old config stays for the next use
+                old.close()
+                engine = self._factory(config)
+            self._engine, self.config = engine, config
         if old is not None:
-            old.close()
+            old.close()  # idempotent: released already where both did not fit
         return engine.pair_name
 
     def close(self) -> None:
