@@ -293,7 +293,9 @@ def test_incompatible_pair_shows_error_and_the_app_stays_usable(app, demo_paths)
 
 SWAP_UNDER_A_MEMORY_LIMIT = """
 import re, resource, sys
+from dataclasses import replace
 from localspec.app.config import Config, load_config
+from localspec.app.invariance import InvarianceReport
 from localspec.app.engine import Engine
 from localspec.core.errors import OutOfMemoryError
 from localspec.ui.handlers import ChatApp, ChatState
@@ -330,6 +332,10 @@ print("swap:", app.load_pair(target, draft)[0])
 print("replies:", replies(app))
 session.engine._reload_target({"n_batch": 256})
 print("reloaded target:", session.engine.settings.n_batch, replies(app))
+engine = session.engine
+engine._invariance = InvarianceReport("stood in", identical=False, max_abs_diff=0.1, rows_compared=8)
+engine.settings = replace(engine.settings, flash_attention=True)  # a suspect whose trial loads a second copy
+print("diagnosed:", engine.diagnosis(refresh=True) is not None, replies(app))
 print("too large:", app.load_pair(big_target, big_draft)[0])
 print("loaded:", session.loaded)
 print("replies again:", replies(app), session.engine.pair_name)
@@ -337,8 +343,9 @@ print("replies again:", replies(app), session.engine.pair_name)
 
 
 def test_a_pair_swap_where_memory_holds_only_one_pair_releases_the_old_pair_first(demo_paths, tmp_path):
-    """Memory that holds one pair but not two (a GPU's, typically): loading the next pair, or the target again
-    with other settings, releases the old one first instead of failing; a pair that does not fit even alone
+    """Memory that holds one pair but not two (a GPU's, typically): loading the next pair, the target again
+    with other settings, or the doctor's trial copy of the target, releases the old one first instead of
+    failing (the trial's target is loaded again after it); a pair that does not fit even alone
     says so, and the next message loads the old pair again. Real loads of the demo pair read into memory
     (use_mmap false) in a process whose address space allows half a pair more than one; control: a second
     pair beside the first fails there."""
@@ -356,6 +363,7 @@ def test_a_pair_swap_where_memory_holds_only_one_pair_releases_the_old_pair_firs
     assert done.returncode == 0 and said.get("control") == "no room for a second pair", done.stdout + done.stderr
     assert "ls-notice-ok" in said["swap"] and said["replies"] == "True", said
     assert said["reloaded target"] == "256 True", said
+    assert said["diagnosed"] == "True True", said  # the doctor's trial took the target's place, then gave it back
     assert "ls-notice-error" in said["too large"] and "qwen2.5-coder-1.5b" in said["too large"], said
     assert f"even with {target.name} + {draft.name} released" in said["too large"], said
     assert said["loaded"] == "False" and said["replies again"] == f"True {target.name} + {draft.name}", said

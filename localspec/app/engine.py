@@ -310,7 +310,8 @@ class Engine:
         return report
 
     def diagnosis(self, refresh: bool = False) -> Diagnosis | None:
-        """Why the target is not batch-invariant, found by reloading it with each suspect off (cached)."""
+        """Why the target is not batch-invariant, found by reloading it with each suspect off (cached). Where
+        memory holds one copy of the target only, each trial takes its place and the target is loaded again."""
         report = self.invariance()
         if report is None or report.identical:
             return None
@@ -319,10 +320,27 @@ class Engine:
         if cached and cached[1] is not None and not refresh:
             return cached[1]
 
-        def load(overrides: dict):
-            return load_model(self.target_path, replace(self.settings, **overrides), "target")
+        released = []
 
-        found = diagnose(report, load, suspects(self.target, self.settings), build_facts(self.target))
+        def load(overrides: dict):
+            trial = replace(self.settings, **overrides)
+            try:
+                return load_model(self.target_path, trial, "target")
+            except OutOfMemoryError:  # no room for a second copy: the trials take the target's place, and
+                if not released:  # nothing computes until it is back
+                    self.lock.acquire()
+                    self.target.close()
+                    released.append(True)
+                return load_model(self.target_path, trial, "target")
+
+        try:
+            found = diagnose(report, load, suspects(self.target, self.settings), build_facts(self.target))
+        finally:
+            if released:
+                try:
+                    self._use_target(load_model(self.target_path, self.settings, "target"), self.settings)
+                finally:
+                    self.lock.release()
         save_cached(self.target_path, settings, build, report, found)
         return found
 
