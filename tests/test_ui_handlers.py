@@ -554,3 +554,37 @@ def test_text_that_is_not_valid_unicode_gets_a_reply(app) -> None:
     assert notice == "" and textbox == "" and state.turns[-1].user == "\ufffd hi"
     assert state.turns[-1].trace.tokens and chat_html.encode("utf-8")
     assert state.conversation.turns[-1].trace.header["prompt_text"].encode("utf-8")
+
+
+def test_a_request_that_waited_while_its_pair_was_closed_ends_with_an_error_not_a_crash(demo_paths) -> None:
+    """The UI swaps pairs once the reply in flight ends; a reply queued on the old pair (another tab's) may get
+    the lock after the old pair was freed. It ends with a one-line error instead of computing on freed memory.
+    In a subprocess, since the failure this guards against kills the process; control: the same request on an
+    open pair streams."""
+    import subprocess
+    import sys
+
+    target, draft, _ = demo_paths
+    script = """
+import sys
+from localspec.app.config import load_config
+from localspec.app.engine import Engine
+from localspec.core.errors import LocalspecError
+
+config = load_config().with_overrides({"model.target": sys.argv[1], "model.draft": sys.argv[2], "model.n_ctx": 512})
+engine = Engine(config)
+prompt = engine.encode_raw("Once upon a time").tokens
+print("open:", sum(1 for _ in engine.stream(prompt, engine.options(max_tokens=4))) > 0)
+waiting = engine.stream(prompt, engine.options(max_tokens=4))  # queued: it takes the lock on its first step
+engine.close()
+try:
+    next(waiting)
+    print("closed: streamed")
+except LocalspecError as error:
+    print("closed:", error)
+"""
+    done = subprocess.run([sys.executable, "-c", script, str(target), str(draft)], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    said = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+    assert done.returncode == 0 and said.get("open") == "True", (done.returncode, done.stdout, done.stderr[-2000:])
+    assert said["closed"].endswith("was closed while this request waited; send it again"), said

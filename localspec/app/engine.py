@@ -60,6 +60,7 @@ class Engine:
         self.config = config
         self.settings = llama_settings(config)
         self.lock = threading.Lock()
+        self.closed = False
         self.target_path = config.resolve_path(config.model.target)
         self.target = load_model(self.target_path, self.settings, "target", _stage(progress, "target"))
         self.draft_model = None
@@ -143,7 +144,10 @@ class Engine:
         return f"{self.target.name} + {draft}"
 
     def close(self) -> None:
+        """Free both models once the request in flight ends; one that waited for the lock then ends with an error
+        instead of computing on freed memory (the UI swapped pairs while another tab's reply was queued)."""
         with self.lock:
+            self.closed = True
             if self.draft_model is not None:
                 self.draft_model.close()
             self.target.close()
@@ -212,6 +216,8 @@ class Engine:
         self._reconnect_target()
         decoder = self.decoder if drafter is None else self._decoder_with(drafter)
         with self.lock:
+            if self.closed:
+                raise ModelError(f"the pair {self.pair_name} was closed while this request waited; send it again")
             yield from with_position_records(
                 decoder.stream(prompt, params, options, cancel), decoder, options.detail_top
             )
