@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check (docs/gpu.md says how to run it with the device tool, and what it found).
 #
+#   bash gpu/check.sh pack    whether .gpu/ holds the tree's patches and candidates (build checks it first): seconds
 #   bash gpu/check.sh build   the CUDA wheel from .gpu/src.tar.gz (the Makefile's flags, sm_90), localspec installed
 #                             beside it, then the load triage (below) while llama-bench, linked to the same
 #                             libraries, compiles; random-weight models of real shapes are written meanwhile:
@@ -44,7 +45,20 @@ keep_demo_parts() {
   for part in "$ROOT"/.gpu/demo.part1 "$ROOT"/.gpu2/demo.part2; do [ -f "$part" ] && cp "$part" "$WORK/"; done
 }
 
+# a stale pack would build and measure other patches than the tree's: refused before any device time goes into it
+check_pack() {
+  local packed wanted
+  packed=$(cat "$ROOT/.gpu/patches.key" 2>/dev/null || echo none)
+  wanted=$(bash "$ROOT/gpu/patches_key.sh")
+  if [ "$packed" != "$wanted" ]; then
+    say "the pack in .gpu/ was made from other patches (key $packed, the tree's $wanted): run \`make gpu-pack\` and carry .gpu again"
+    return 1
+  fi
+  say "the pack in .gpu/ holds the tree's patches and candidates (key $wanted)"
+}
+
 build() {
+  check_pack || return 1
   keep_demo_parts
   rm -rf "$WORK/src" && tar -xzf "$ROOT/.gpu/src.tar.gz" -C "$WORK"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$ROOT"/.gpu/wheels/*.whl
@@ -184,8 +198,9 @@ run_all() {
 }
 
 case ${1:-} in
+  pack) check_pack ;;
   build) build ;;
   ui) ui_probe ;;
   run) run_all ;;
-  *) echo "usage: bash gpu/check.sh build|ui|run" >&2; exit 2 ;;
+  *) echo "usage: bash gpu/check.sh pack|build|ui|run" >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@
 #   .gpu/src.tar.gz    llama-cpp-python's sdist with localspec's patches applied, stripped of what a CUDA
 #                      build never reads (models, docs, tests, examples, the other backends): ~6 MB
 #   .gpu/wheels/       the pure-Python packages localspec needs that the device image lacks (Python 3.12)
+#   .gpu/patches.key   the key of the patches and candidates it applied (gpu/patches_key.sh)
 #   .gpu/template.gguf.gz  the real 1.5B target's metadata (tokenizer, chat template) without its tensors
 #   .gpu/demo.part1, .gpu2/demo.part2   the demo pair's Q4_1 file in two parts (real weights end to end)
 #   .gpu3/wheels/      Gradio and what it needs beyond the above, at this venv's versions (the UI probe): ~33 MB
@@ -45,6 +46,7 @@ for backend in "$llama"/ggml/src/ggml-*/; do
   case $(basename "$backend") in ggml-cpu|ggml-cuda|ggml-blas|ggml-rpc) ;; *) rm -rf "$backend" ;; esac
 done
 tar -czf "$PACK/src.tar.gz" -C "$WORK" src
+bash "$ROOT/gpu/patches_key.sh" > "$PACK/patches.key"  # gpu/check.sh build refuses a pack of other patches
 
 "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
