@@ -388,49 +388,52 @@ def _stat(values: list[float]) -> dict[str, float] | None:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _variant_row(variant, mine: list[Measurement], settings, prompts) -> dict[str, Any]:
+    """One variant's line of the report: its runs' medians and spreads, time split, sources and verdict."""
+    decode = sum(r.stats.decode_s for r in mine)
+    ratios = [r.speedup / r.predicted_speedup for r in mine if r.speedup and r.predicted_speedup]
+    row = {
+        "name": variant.name,
+        "label": variant.label,
+        "mode": variant.mode,
+        "temperature": variant.temperature,
+        "drafter": variant.drafter,
+        "adaptive": variant.adaptive,
+        "k": (settings.max_draft_tokens if variant.adaptive else settings.draft_tokens)
+        if variant.drafter in ("model", "ngram")
+        else 0,
+        "runs": len(mine),
+        "tokens": sum(r.stats.n_tokens for r in mine),
+        "tokens_per_second": _stat([r.stats.tokens_per_second for r in mine]),
+        "speedup": _stat([r.speedup for r in mine]),
+        "acceptance_rate": _stat([r.stats.acceptance_rate for r in mine if r.stats.drafted]),
+        "alpha": _stat([r.stats.alpha for r in mine if r.stats.drafted]),
+        "tokens_per_step": _stat([r.stats.tokens_per_step for r in mine if r.stats.steps]),
+        "mean_k": _stat([r.mean_k for r in mine if r.stats.steps]),
+        "time_split": {
+            "draft": sum(r.stats.draft_s for r in mine) / decode if decode else 0.0,
+            "verify": sum(r.stats.verify_s for r in mine) / decode if decode else 0.0,
+            "other": sum(r.stats.other_s for r in mine) / decode if decode else 0.0,
+        }
+        if variant.drafter not in ("reference", "llama.cpp")
+        else None,
+        "predicted_speedup": _stat([r.predicted_speedup for r in mine]),
+        "ceiling_speedup": _stat([r.ceiling_speedup for r in mine]),
+        "measured_over_predicted": _stat(ratios),
+        "by_prompt": {p["name"]: _stat([r.speedup for r in mine if r.prompt == p["name"]]) for p in prompts},
+        "by_source": _sources(mine),
+    }
+    if variant.name == REFERENCE_LOOKUP:
+        row["speedup_over_own_target_only"] = _stat([r.reference_speedup for r in mine])
+    if row["speedup"]:
+        row["verdict"] = speedup_verdict(row["speedup"]["median"], (row["predicted_speedup"] or {}).get("median"))
+    return row
+
+
 def _report(engine, settings, variants, prompts, tokens, runs: list[Measurement], seconds: float,
             llama_cpp_placement: str | None = None) -> dict[str, Any]:  # fmt: skip
-    rows = []
-    for variant in variants:
-        mine = [r for r in runs if r.variant == variant.name]
-        decode = sum(r.stats.decode_s for r in mine)
-        ratios = [r.speedup / r.predicted_speedup for r in mine if r.speedup and r.predicted_speedup]
-        row = {
-            "name": variant.name,
-            "label": variant.label,
-            "mode": variant.mode,
-            "temperature": variant.temperature,
-            "drafter": variant.drafter,
-            "adaptive": variant.adaptive,
-            "k": (settings.max_draft_tokens if variant.adaptive else settings.draft_tokens)
-            if variant.drafter in ("model", "ngram")
-            else 0,
-            "runs": len(mine),
-            "tokens": sum(r.stats.n_tokens for r in mine),
-            "tokens_per_second": _stat([r.stats.tokens_per_second for r in mine]),
-            "speedup": _stat([r.speedup for r in mine]),
-            "acceptance_rate": _stat([r.stats.acceptance_rate for r in mine if r.stats.drafted]),
-            "alpha": _stat([r.stats.alpha for r in mine if r.stats.drafted]),
-            "tokens_per_step": _stat([r.stats.tokens_per_step for r in mine if r.stats.steps]),
-            "mean_k": _stat([r.mean_k for r in mine if r.stats.steps]),
-            "time_split": {
-                "draft": sum(r.stats.draft_s for r in mine) / decode if decode else 0.0,
-                "verify": sum(r.stats.verify_s for r in mine) / decode if decode else 0.0,
-                "other": sum(r.stats.other_s for r in mine) / decode if decode else 0.0,
-            }
-            if variant.drafter not in ("reference", "llama.cpp")
-            else None,
-            "predicted_speedup": _stat([r.predicted_speedup for r in mine]),
-            "ceiling_speedup": _stat([r.ceiling_speedup for r in mine]),
-            "measured_over_predicted": _stat(ratios),
-            "by_prompt": {p["name"]: _stat([r.speedup for r in mine if r.prompt == p["name"]]) for p in prompts},
-            "by_source": _sources(mine),
-        }
-        if variant.name == REFERENCE_LOOKUP:
-            row["speedup_over_own_target_only"] = _stat([r.reference_speedup for r in mine])
-        if row["speedup"]:
-            row["verdict"] = speedup_verdict(row["speedup"]["median"], (row["predicted_speedup"] or {}).get("median"))
-        rows.append(row)
+    rows = [_variant_row(variant, [r for r in runs if r.variant == variant.name], settings, prompts)
+            for variant in variants]  # fmt: skip
     target, draft = engine.target, engine.draft_model
     return {
         "pair": {
