@@ -18,6 +18,7 @@ import pytest
 
 from localspec.llama import model as llama_model
 from localspec.llama import placement, runtime
+from localspec.llama.footprint import Footprint
 from localspec.llama.model import LlamaSettings, choose_placement
 from localspec.llama.placement import CPU_ONLY, Offload, offload_plan
 from localspec.llama.runtime import Device
@@ -194,7 +195,7 @@ def test_the_log_keeps_each_weight_buffer_and_its_size() -> None:
 # ----------------------------------------------------------------------
 # what the doctor and the bench say about a GPU, with its facts stood in
 def test_the_doctor_names_the_gpu_its_memory_and_what_holds_there() -> None:
-    from localspec.cli.doctor import backend_line, memory_line
+    from localspec.cli.doctor import backend_line, memory_lines
 
     gpu_build = {"gpu_offload": True, "devices": (CPU, H200), "gpus": (H200,)}
     line = backend_line(gpu_build, (H200,), -1)
@@ -209,12 +210,38 @@ def test_the_doctor_names_the_gpu_its_memory_and_what_holds_there() -> None:
     assert backend_line({"gpu_offload": False, "devices": (unnamed, H200), "gpus": ()}, (), 0).startswith(
         f"backend: CPU ({guess});"
     )
-    # models that fit the GPU are judged by its free memory, not by RAM
-    assert memory_line(100 * 2**30, (H200,)).endswith("enough") and memory_line(100 * 2**30, (H200,)).startswith(
-        "GPU memory"
-    )
-    assert "NOT enough" in memory_line(130 * 2**30, (H200,)) and "n_gpu_layers" in memory_line(130 * 2**30, (H200,))
-    assert memory_line(1, ()).startswith("memory: ")
+    # models that fit the GPU are judged by its free memory, not by RAM; what stays on the CPU by RAM
+    offloaded, embeddings = Footprint(90 * 2**30, 8 * 2**30, 2**30), Footprint(2**30)
+    (line,) = memory_lines(offloaded, embeddings, (H200,), 32768)
+    assert line.startswith("GPU memory: 140.0 GiB free on CUDA0; the pair needs about 99.00 GiB (weights 90.00, "
+                           "KV cache of 32,768 tokens 8.00, compute 1.00) there: enough"), line  # fmt: skip
+    (line,) = memory_lines(Footprint(120 * 2**30, 10 * 2**30), embeddings, (H200,), 65536)
+    assert "NOT enough" in line and "n_gpu_layers" in line and "n_ctx" in line
+    gpu_line, cpu_line = memory_lines(offloaded, Footprint(4 * 2**30, 2**30), (H200,), 32768)  # blocks left there
+    assert gpu_line.startswith("GPU memory") and "; on the CPU the pair needs about 5.00 GiB" in cpu_line
+    (line,) = memory_lines(Footprint(), Footprint(2**30), (), 4096)
+    assert line.startswith("memory: ") and "the pair needs about 1.00 GiB" in line
+
+
+def test_the_memory_estimate_splits_as_llama_cpp_offloads(demo_paths) -> None:
+    """On a GPU, what a model needs splits with its layers: offloaded blocks take their weights and KV cache to
+    the GPU, the output layer takes the compute buffer with it, the token embeddings stay; nothing is lost or
+    counted twice (the demo target's real tensor table; the sizes themselves are checked against llama.cpp's
+    log in tests/test_models.py)."""
+    from localspec.llama.footprint import footprint
+    from localspec.llama.placement import model_layers
+
+    target = demo_paths[0]
+    layers = model_layers(target)
+    cpu_gpus, cpu_only = footprint(target, 4096, 512)
+    assert cpu_gpus == Footprint() and cpu_only.kv_cache > 0 and cpu_only.compute > 0
+    on_gpus, on_cpu = footprint(target, 4096, 512, offload_plan(layers, -1, ("CUDA0",)))
+    assert on_gpus + on_cpu == cpu_only
+    assert on_cpu.kv_cache == on_cpu.compute == 0 and 0 < on_cpu.weights < on_gpus.weights  # the embeddings
+    part_gpus, part_cpu = footprint(target, 4096, 512, offload_plan(layers, 11, ("CUDA0",)))  # 10 blocks and output
+    assert part_gpus + part_cpu == cpu_only and part_gpus.compute == cpu_only.compute
+    assert part_gpus.kv_cache * layers == cpu_only.kv_cache * 10  # every block caches as much
+    assert footprint(target, 4000, 512)[1].kv_cache == cpu_only.kv_cache  # the context rounds up to 256s
 
 
 def test_a_gpu_that_computes_batches_differently_is_named_with_what_still_holds() -> None:

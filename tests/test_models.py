@@ -461,3 +461,30 @@ def test_a_target_takes_the_amx_buffer_only_with_streamed_kernels_for_nearly_all
         chosen = placement.weight_placement("target", "x.gguf")
         assert (chosen.extra_buffers, chosen.repack_only, chosen.one_row_per_decode) == (amx, not amx, False)
         assert ("streamed" in chosen.reason) == amx
+
+
+@pytest.mark.parametrize(("n_ctx", "n_batch"), [(4096, 512), (1024, 64)])
+def test_the_memory_estimate_is_what_llama_cpp_allocates(n_ctx: int, n_batch: int) -> None:
+    """The doctor judges whether a pair fits before loading it, from the GGUF's tensor table
+    (localspec.llama.footprint): its KV cache must be what llama.cpp allocates to the byte, its compute buffer
+    within 5 %, its weights within 2 % of the model buffers (no extra buffers), for the real pair, the demo
+    target and Gemma 3 (two KV caches: sliding-window layers), read from llama.cpp's own log at load."""
+    from localspec.llama.footprint import footprint
+    from localspec.llama.model import LlamaSettings
+
+    from .conftest import GEMMA, QWEN_DRAFT, QWEN_TARGET, TARGET, require
+
+    require(QWEN_TARGET, QWEN_DRAFT, TARGET, GEMMA)
+    for path in (QWEN_TARGET, QWEN_DRAFT, TARGET, GEMMA):
+        settings = LlamaSettings(n_ctx=n_ctx, n_batch=n_batch, threads=1, extra_buffers=False)  # no repacked copies
+        model = LlamaModel(path, settings)
+        try:
+            on_gpus, on_cpu = footprint(path, n_ctx, n_batch)
+            allocated = {kind: sum(sizes.values()) * 2**20 for kind, sizes in model.context_buffer_mib.items()}
+            weights = sum(model.weight_buffer_mib.values()) * 2**20
+        finally:
+            model.close()
+        assert on_gpus.total == 0, path.name  # no GPU named: everything on the CPU
+        assert abs(on_cpu.kv_cache - allocated["KV"]) < 0.01 * 2**20, (path.name, on_cpu, allocated)
+        assert abs(on_cpu.compute / allocated["compute"] - 1) < 0.05, (path.name, on_cpu, allocated)
+        assert abs(on_cpu.weights / weights - 1) < 0.02, (path.name, on_cpu, weights)

@@ -40,6 +40,7 @@ from localspec.core.options import GenerationOptions
 from localspec.core.perf import target_alone_seconds
 from localspec.drafting.drafters import HybridDrafter, ModelDrafter, NgramDrafter, PolicyDrafter
 from localspec.drafting.policy import speculative_decoder
+from localspec.llama.footprint import Footprint
 
 Progress = Callable[[str, float], None]
 
@@ -454,6 +455,25 @@ def llama_settings(config: Config):
         rpc_servers=model.rpc_servers,
         rpc_output=model.rpc_output,
     )
+
+
+def pair_footprint(config: Config, gpus: tuple = ()) -> tuple[Footprint, Footprint]:
+    """What the configured pair takes (on ``gpus``, on the CPU) with the config's context and batch, split over
+    ``gpus`` (llama.cpp's devices) as llama.cpp will split it: the doctor's memory lines, before anything loads."""
+    from localspec.llama.footprint import footprint
+    from localspec.llama.placement import model_layers, offload_plan
+
+    settings = llama_settings(config)
+    names = tuple(gpu.name for gpu in gpus)
+    on_gpus = on_cpu = Footprint()
+    for spec in (config.model.target, config.model.draft):
+        path = config.resolve_path(spec) if spec.lower() not in ("none", "ngram") else None
+        if path is None or not path.exists():
+            continue
+        offload = offload_plan(model_layers(path), settings.n_gpu_layers, names)
+        gpu_part, cpu_part = footprint(path, settings.n_ctx, settings.n_batch, offload)
+        on_gpus, on_cpu = on_gpus + gpu_part, on_cpu + cpu_part
+    return on_gpus, on_cpu
 
 
 def load_model(path, settings, role: str, on_progress: Callable[[float], None] | None = None):

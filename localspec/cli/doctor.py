@@ -16,7 +16,7 @@ import psutil
 
 from localspec import __version__
 from localspec.app.config import Config
-from localspec.app.engine import Engine, llama_settings
+from localspec.app.engine import Engine, Footprint, llama_settings, pair_footprint
 from localspec.app.invariance import cpu_name, llama_build, measure_model
 from localspec.app.remote import server_lines
 from localspec.core.errors import LocalspecError
@@ -72,15 +72,13 @@ def _tiled_line(build: dict) -> str:
 def machine_lines(config: Config, build: dict) -> list[str]:
     """Backend and devices, threads, and whether the memory the models load into holds them."""
     gpus = build["gpus"] if config.model.n_gpu_layers != 0 else ()
-    paths = [config.resolve_path(spec) for spec in (config.model.target, config.model.draft)
-             if spec.lower() not in ("none", "ngram")]  # fmt: skip
-    need = sum(path.stat().st_size for path in paths if path.exists())
+    on_gpus, on_cpu = pair_footprint(config, gpus)
     return [
         *server_lines(config.model.rpc_servers),
         backend_line(build, gpus, config.model.n_gpu_layers, () if build["gpu_offload"] else nvidia_gpus()),
         f"threads: {llama_settings(config).resolved_threads()} (of {os.cpu_count()} logical CPUs); "
         f"flash attention {'on' if config.model.flash_attention else 'off'}; n_ctx {config.model.n_ctx}",
-        memory_line(need, gpus),
+        *memory_lines(on_gpus, on_cpu, gpus, config.model.n_ctx),
     ]
 
 
@@ -115,17 +113,34 @@ def nvidia_gpus() -> tuple[str, ...]:
     return tuple(m.group(1).strip() for m in re.finditer(r"^GPU \d+: (.+?)(?: \(UUID:.*)?$", listed, re.MULTILINE))
 
 
-def memory_line(need: int, gpus: tuple) -> str:
-    """Whether the models fit: in the GPUs' free memory when they offload, else in free RAM."""
+FIT_MARGIN = 1.1  # free memory must exceed the estimate by this much: the estimate is of llama.cpp's buffers alone
+
+
+def memory_lines(on_gpus: Footprint, on_cpu: Footprint, gpus: tuple, n_ctx: int) -> list[str]:
+    """Whether the pair fits: what its GPUs hold in their free memory, and what stays on the CPU (everything,
+    without a GPU; blocks left there, with fewer layers offloaded) in free RAM."""
+
+    def need(part: Footprint) -> str:
+        return (f"the pair needs about {part.total / 2**30:.2f} GiB (weights {part.weights / 2**30:.2f}, KV cache of "
+                f"{n_ctx:,} tokens {part.kv_cache / 2**30:.2f}, compute {part.compute / 2**30:.2f})")  # fmt: skip
+
+    lines = []
     if gpus:
         free = sum(gpu.free_bytes for gpu in gpus)
-        verdict = "enough" if free > need * 1.2 else "NOT enough — lower model.n_gpu_layers to keep layers on the CPU"
+        fits = free > on_gpus.total * FIT_MARGIN
+        verdict = (
+            "enough" if fits else "NOT enough — lower model.n_gpu_layers to keep layers on the CPU, or model.n_ctx"
+        )
         names = " + ".join(gpu.name for gpu in gpus)
-        return f"GPU memory: {free / 2**30:.1f} GiB free on {names}; models need {need / 2**30:.2f} GiB: {verdict}"
-    memory = psutil.virtual_memory()
-    verdict = "enough" if memory.available > need * 1.2 else "NOT enough — expect swapping or a failed load"
-    return (f"memory: {memory.available / 2**30:.1f} GiB free of {memory.total / 2**30:.1f} GiB; "
-            f"models need {need / 2**30:.2f} GiB: {verdict}")  # fmt: skip
+        lines.append(f"GPU memory: {free / 2**30:.1f} GiB free on {names}; {need(on_gpus)} there: {verdict}")
+    if not gpus or on_cpu.kv_cache or on_cpu.compute:  # blocks, with their cache, or the output stay on the CPU
+        memory = psutil.virtual_memory()
+        fits = memory.available > on_cpu.total * FIT_MARGIN
+        verdict = "enough" if fits else "NOT enough — expect swapping or a failed load"
+        where = "; on the CPU " if gpus else "; "
+        lines.append(f"memory: {memory.available / 2**30:.1f} GiB free of {memory.total / 2**30:.1f} GiB{where}"
+                     f"{need(on_cpu)}: {verdict}")  # fmt: skip
+    return lines
 
 
 def weights_line(model) -> str:
@@ -139,6 +154,15 @@ def weights_line(model) -> str:
     return f"weights ({model.role}): {buffers}{layers}, {rows} — {model.placement.reason}"
 
 
+def context_line(model) -> str:
+    """Where one model's context went, as llama.cpp allocated it: its KV cache and compute buffers by device."""
+    parts = [
+        f"{'KV cache' if kind == 'KV' else kind} " + " + ".join(f"{name} {mib:,.0f} MiB" for name, mib in sizes.items())
+        for kind, sizes in model.context_buffer_mib.items()
+    ]
+    return f"context ({model.role}): {', '.join(parts) or '?'} ({model.context_size:,} tokens)"
+
+
 def pair_lines(config: Config) -> list[str]:
     """Load the pair; where each model's weights went; batch invariance, measured now, with its cause and fix."""
     try:
@@ -147,7 +171,8 @@ def pair_lines(config: Config) -> list[str]:
         return [f"pair: {error}"]
     try:
         lines = [f"pair: {engine.pair_name} — compatible"]
-        lines += [weights_line(model) for model in (engine.target, engine.draft_model) if model is not None]
+        for model in (engine.target, engine.draft_model):
+            lines += [weights_line(model), context_line(model)] if model is not None else []
         report = engine.invariance(refresh=True)  # the doctor measures, never quotes an old measurement
         where = engine.target.placement.offload.computed_on
         lines.append("batch invariance (target): " + report.line())

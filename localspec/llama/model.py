@@ -237,7 +237,12 @@ class LlamaModel:
             C.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attention else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         cparams.no_perf = True
+        log().context_buffers.clear()
         context = compute(C.llama_init_from_model, self._model, cparams)
+        self.context_buffer_mib: dict[str, dict[str, float]] = {}  # {"KV": {"CUDA0": 112.0}, "compute": {...}}
+        for kind, buffer, mib in log().context_buffers:
+            sizes = self.context_buffer_mib.setdefault(kind, {})
+            sizes[buffer] = sizes.get(buffer, 0.0) + mib  # a model with sliding-window layers has two KV caches
         if not context:
             detail = log().last_error()
             self.close()

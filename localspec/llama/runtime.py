@@ -138,6 +138,7 @@ def _wait_out(answer: queue.SimpleQueue) -> None:
 
 
 MODEL_BUFFER_LINE = re.compile(r"(\S+) model buffer size =\s*([0-9.]+) MiB")
+CONTEXT_BUFFER_LINE = re.compile(r"(\S+) (KV|compute) buffer size =\s*([0-9.]+) MiB")  # at a context's creation
 LAYER_LINE = re.compile(r"layer +\d+ assigned to device (\S+?),")  # llama.cpp's debug line at load
 
 
@@ -148,6 +149,7 @@ class LlamaLog:
         self.lines: deque[tuple[int, str]] = deque(maxlen=200)
         self.model_buffers: list[tuple[str, float]] = []  # (buffer, MiB) the last loaded model's weights went to
         self.model_layers: list[str] = []  # the device of each of its layers, in order
+        self.context_buffers: list[tuple[str, str, float]] = []  # ("KV" or "compute", buffer, MiB) of the last context
         self.verbose = bool(os.environ.get("LOCALSPEC_VERBOSE"))
         self._last_level = 2
         self._callback = C.llama_log_callback(self._on_log)  # referenced so it is never collected
@@ -163,6 +165,13 @@ class LlamaLog:
         buffer = MODEL_BUFFER_LINE.search(line)  # e.g. "load_tensors:        CUDA0 model buffer size =   934.35 MiB"
         if buffer:
             self.model_buffers.append((buffer.group(1), float(buffer.group(2))))
+        context_buffer = CONTEXT_BUFFER_LINE.search(
+            line
+        )  # e.g. "llama_kv_cache:      CUDA0 KV buffer size = 112.00 MiB"
+        if context_buffer:
+            self.context_buffers.append(
+                (context_buffer.group(2), context_buffer.group(1), float(context_buffer.group(3)))
+            )
         layer = LAYER_LINE.search(line)  # e.g. "load_tensors: layer  12 assigned to device RPC0, is_swa = 0"
         if layer:
             self.model_layers.append(layer.group(1))
