@@ -51,7 +51,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml $(PATCHES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@if ! ls $(WHEEL_DIR)/llama_cpp_python-*.whl >/dev/null 2>&1; then \
-	  echo "building llama-cpp-python $(LLAMA_CPP) with CMAKE_ARGS='$(strip $(CMAKE_FLAGS))' and $(words $(PATCHES)) patch(es) (first time only, ~6 minutes)"; \
+	  echo "building llama-cpp-python $(LLAMA_CPP) with CMAKE_ARGS='$(strip $(CMAKE_FLAGS))' and $(words $(PATCHES)) patch(es) (first time only: ~6 minutes on two cores$(if $(CUDA_FLAG),; with CUDA ~4 minutes on 16 cores$(comma) far longer on few))"; \
 	  $(if $(CPU_ON_GPU),echo "note: $(CPU_ON_GPU)";) \
 	  rm -rf $(WHEEL_DIR).tmp && mkdir -p $(WHEEL_DIR).tmp/src && \
 	  $(PIP) download -q --no-deps --no-binary :all: --no-cache-dir -d $(WHEEL_DIR).tmp "llama-cpp-python==$(LLAMA_CPP)" && \
