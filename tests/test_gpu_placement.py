@@ -496,3 +496,22 @@ def test_a_target_too_large_for_the_gpu_is_told_to_offload_fewer_layers() -> Non
     assert not isinstance(error, OutOfMemoryError)
     assert said.startswith("draft model /m/d.gguf could not be loaded (llama.cpp: tensor 'blk.16.ffn_down.weight' "
                            "data is not within the file bounds); the file is truncated or corrupt")  # fmt: skip
+
+
+def test_a_target_on_rpc_servers_is_not_counted_in_this_machine_s_memory(demo_paths) -> None:
+    """The doctor's memory check counts what this machine holds: with the target's layers on RPC servers (whose
+    own lines give their free memory) that is the draft; control: without servers, the pair."""
+    from localspec.app.config import load_config
+    from localspec.app.engine import pair_footprint
+    from localspec.cli.doctor import memory_lines
+    from localspec.llama.footprint import footprint
+
+    target, draft, _ = demo_paths
+    config = load_config().with_overrides({"model.target": str(target), "model.draft": str(draft)})
+    remote = config.with_overrides({"model.rpc_servers": ("127.0.0.1:50052",)})
+    n_ctx, n_batch = config.model.n_ctx, config.model.n_batch
+    draft_only, pair = footprint(draft, n_ctx, n_batch)[1], footprint(target, n_ctx, n_batch)[1]
+    assert pair_footprint(remote) == (Footprint(), draft_only)
+    assert pair_footprint(config) == (Footprint(), draft_only + pair)
+    (line,) = memory_lines(*pair_footprint(remote), (), n_ctx, "the draft (the target is on RPC servers)")
+    assert "the draft (the target is on RPC servers) needs about" in line

@@ -459,14 +459,16 @@ def llama_settings(config: Config):
 
 def pair_footprint(config: Config, gpus: tuple = ()) -> tuple[Footprint, Footprint]:
     """What the configured pair takes (on ``gpus``, on the CPU) with the config's context and batch, split over
-    ``gpus`` (llama.cpp's devices) as llama.cpp will split it: the doctor's memory lines, before anything loads."""
+    ``gpus`` (llama.cpp's devices) as llama.cpp will split it: the doctor's memory lines, before anything loads.
+    A target on RPC servers is theirs to hold (the doctor's server lines give their free memory)."""
     from localspec.llama.footprint import footprint
     from localspec.llama.placement import model_layers, offload_plan
 
     settings = llama_settings(config)
     names = tuple(gpu.name for gpu in gpus)
     on_gpus = on_cpu = Footprint()
-    for spec in (config.model.target, config.model.draft):
+    held_here = (config.model.draft,) if settings.rpc_servers else (config.model.target, config.model.draft)
+    for spec in held_here:
         path = config.resolve_path(spec) if spec.lower() not in ("none", "ngram") else None
         if path is None or not path.exists():
             continue

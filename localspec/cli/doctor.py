@@ -78,7 +78,13 @@ def machine_lines(config: Config, build: dict) -> list[str]:
         backend_line(build, gpus, config.model.n_gpu_layers, () if build["gpu_offload"] else nvidia_gpus()),
         f"threads: {llama_settings(config).resolved_threads()} (of {os.cpu_count()} logical CPUs); "
         f"flash attention {'on' if config.model.flash_attention else 'off'}; n_ctx {config.model.n_ctx}",
-        *memory_lines(on_gpus, on_cpu, gpus, config.model.n_ctx),
+        *memory_lines(
+            on_gpus,
+            on_cpu,
+            gpus,
+            config.model.n_ctx,
+            "the draft (the target is on RPC servers)" if config.model.rpc_servers else "the pair",
+        ),
     ]
 
 
@@ -116,12 +122,12 @@ def nvidia_gpus() -> tuple[str, ...]:
 FIT_MARGIN = 1.1  # free memory must exceed the estimate by this much: the estimate is of llama.cpp's buffers alone
 
 
-def memory_lines(on_gpus: Footprint, on_cpu: Footprint, gpus: tuple, n_ctx: int) -> list[str]:
-    """Whether the pair fits: what its GPUs hold in their free memory, and what stays on the CPU (everything,
+def memory_lines(on_gpus: Footprint, on_cpu: Footprint, gpus: tuple, n_ctx: int, what: str = "the pair") -> list[str]:
+    """Whether ``what`` fits: what its GPUs hold in their free memory, and what stays on the CPU (everything,
     without a GPU; blocks left there, with fewer layers offloaded) in free RAM."""
 
     def need(part: Footprint) -> str:
-        return (f"the pair needs about {part.total / 2**30:.2f} GiB (weights {part.weights / 2**30:.2f}, KV cache of "
+        return (f"{what} needs about {part.total / 2**30:.2f} GiB (weights {part.weights / 2**30:.2f}, KV cache of "
                 f"{n_ctx:,} tokens {part.kv_cache / 2**30:.2f}, compute {part.compute / 2**30:.2f})")  # fmt: skip
 
     lines = []
