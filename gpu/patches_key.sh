@@ -3,6 +3,8 @@
 # (gpu/candidates/), whole. pack.sh writes it into .gpu/; gpu/check.sh build compares it with the tree it is given
 # and refuses a pack made from other patches, before any device time goes into building it.
 set -euo pipefail
+export LC_ALL=C  # the files in one order on every machine (a glob sorts by the locale)
+shopt -s nullglob
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-LC_ALL=C cat patches/series patches/*.patch gpu/candidates/*.patch 2>/dev/null | sha256sum | cut -c1-16
+cat patches/series patches/*.patch gpu/candidates/*.patch | sha256sum | cut -c1-16
