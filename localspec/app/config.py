@@ -166,6 +166,12 @@ class Config:
         path = Path(os.path.expanduser(value))
         return path if path.is_absolute() else PROJECT_ROOT / path
 
+    def model_files(self) -> dict[str, Path]:
+        """The model files the pair names, by role ("target", "draft"): not 'none', 'ngram' or empty."""
+        specs = {"target": self.model.target, "draft": self.model.draft}
+        return {role: self.resolve_path(spec) for role, spec in specs.items()
+                if spec.strip() and spec.strip().lower() not in _NOT_PATHS}  # fmt: skip
+
     def with_overrides(self, overrides: Mapping[str, Any]) -> Config:
         """A checked copy with dotted keys (``sampling.temperature``) replaced; ``None`` values are skipped."""
         by_section: dict[str, dict[str, Any]] = {}

@@ -467,10 +467,8 @@ def pair_footprint(config: Config, gpus: tuple = ()) -> tuple[Footprint, Footpri
     settings = llama_settings(config)
     names = tuple(gpu.name for gpu in gpus)
     on_gpus = on_cpu = Footprint()
-    held_here = (config.model.draft,) if settings.rpc_servers else (config.model.target, config.model.draft)
-    for spec in held_here:
-        path = config.resolve_path(spec) if spec.lower() not in ("none", "ngram") else None
-        if path is None or not path.exists():
+    for role, path in config.model_files().items():
+        if not path.exists() or (role == "target" and settings.rpc_servers):
             continue
         offload = offload_plan(model_layers(path), settings.n_gpu_layers, names)
         gpu_part, cpu_part = footprint(path, settings.n_ctx, settings.n_batch, offload)

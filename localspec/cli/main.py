@@ -383,9 +383,7 @@ def ensure_models(config: Config) -> None:
 
     catalog = Catalog.load()
     by_path = {catalog.path(name): name for name in catalog.files}
-    wanted = [config.resolve_path(spec) for spec in (config.model.target, config.model.draft)
-              if spec.strip().lower() not in ("none", "ngram")]  # fmt: skip
-    missing = [by_path[path] for path in wanted if not path.exists() and path in by_path]
+    missing = [by_path[path] for path in config.model_files().values() if not path.exists() and path in by_path]
     if not missing:
         return  # present, or not ours to build: loading reports a missing file with its fix
     err(f"first run: preparing {', '.join(missing)} in {catalog.models_dir} (`localspec models prepare`)")
